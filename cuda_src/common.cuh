@@ -1,0 +1,42 @@
+// Shared helpers for nvrtc_gather kernels.
+// NVRTC has no standard headers (<cstdint> never works there), so the few
+// fixed-width types we need are spelled out here.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef int i32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+// Every kernel runs with this many threads per block; the host launcher uses
+// the same number (nvrtc_gather/kernels.py: THREADS_PER_BLOCK).
+#define NG_THREADS 256
+
+// Vector types used for the byte copies, chosen by the host from what the
+// pointers and strides allow (16, 8 or 4 bytes).
+template <int BYTES> struct Vec;
+template <> struct Vec<16> { typedef uint4 T; };
+template <> struct Vec<8> { typedef uint2 T; };
+template <> struct Vec<4> { typedef u32 T; };
+
+// Error codes reported in debug mode (NVRTC_GATHER_DEBUG=1). The host decodes
+// them in nvrtc_gather/debug_check.py; keep the two lists in sync.
+#define NG_ERR_ROW_UNOWNED 1        // a row below cu_seq_lens[-1] belongs to no request
+#define NG_ERR_BLOCK_INDEX 2        // token needs a block_table column >= max_blocks
+#define NG_ERR_BLOCK_ID 3           // block_table entry outside [0, num_blocks)
+#define NG_ERR_CU_START 4           // cu_seq_lens[0] != 0
+#define NG_ERR_CU_DECREASING 5      // cu_seq_lens decreases
+#define NG_ERR_CU_TOTAL 6           // cu_seq_lens[-1] > rows of the destination
+#define NG_ERR_SLOT 7               // slot_mapping entry past the cache's last slot
+
+// Record the first error only: err[0] = code, err[1..3] = details.
+// err is null unless debug mode is on.
+__device__ __forceinline__ void ng_report(i64* err, int code, i64 a, i64 b, i64 c) {
+    if (err == 0) return;
+    if (atomicCAS((u64*)err, 0ull, (u64)code) == 0ull) {
+        err[1] = a;
+        err[2] = b;
+        err[3] = c;
+    }
+}

@@ -1,0 +1,165 @@
+// cp_gather_indexer_k_quant_cache: copy each request's tokens out of the paged
+// fp8 indexer cache into contiguous rows (contract: shared/DESIGN.md section 1).
+//
+// Work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
+//  1. Two warps find the requests owning the first and last of those rows by a
+//     32-ary search of cu_seq_lens (ceil(log32(batch)) dependent loads instead
+//     of vLLM's scan over every request).
+//  2. One thread per row narrows to its own request inside that small range,
+//     checks every index, and parks the row's source byte offsets in shared
+//     memory (-1 = skip the row).
+//  3. All threads copy the fp8 bytes (KVEC-byte vectors, UNROLL loads in flight
+//     per thread) and the 4-byte scale words.
+// Rows at or past cu_seq_lens[-1] are never touched; rows whose indices are bad
+// are skipped, and reported when debug mode passes an error buffer.
+#include "common.cuh"
+
+#define NG_UNROLL 4
+
+struct GatherParams {
+    const u8* kv_cache;        // block b starts at kv_cache + b * block_stride
+    u8* dst_k;                 // row i at dst_k + i * dst_k_row_stride
+    u8* dst_scale;             // row i at dst_scale + i * dst_scale_row_stride
+    const i32* block_table;    // request r at block_table + r * bt_row_stride
+    const i32* cu_seq_lens;    // batch + 1 entries
+    i64* error;                // debug mode only, else null
+    i64 block_stride;          // bytes
+    i64 dst_k_row_stride;      // bytes
+    i64 dst_scale_row_stride;  // bytes
+    i64 bt_row_stride;         // elements
+    i32 num_tokens;            // rows of dst_k (an upper bound of cu_seq_lens[-1])
+    i32 batch;
+    i32 max_blocks;
+    i32 num_blocks;
+    i32 block_size;
+    i32 head_dim;              // fp8 bytes per token
+    i32 scale_words;           // fp32 scales per token (head_dim / quant_block_size)
+    i32 tokens_per_cta;        // <= NG_THREADS
+};
+
+// Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing
+// (with a malformed cu the answer is still in range; callers re-check it).
+// All 32 lanes of the warp must call it with the same row.
+__device__ __forceinline__ int warp_find_request(const i32* cu, int batch, int row) {
+    const int lane = threadIdx.x & 31;
+    int lo = 0, hi = batch;  // answer in [lo, hi)
+    while (hi - lo > 1) {
+        const int step = (hi - lo + 31) / 32;
+        const int probe = lo + lane * step;
+        const bool le = probe < hi && __ldg(cu + probe) <= row;
+        const u32 m = __ballot_sync(0xffffffffu, le);
+        const int k = m ? 31 - __clz(m) : 0;
+        lo += k * step;
+        hi = min(hi, lo + step);
+    }
+    return lo;
+}
+
+template <int KVEC>
+__device__ __forceinline__ void gather_body(const GatherParams& p) {
+    typedef typename Vec<KVEC>::T V;
+    __shared__ i64 s_src[NG_THREADS];  // byte offset of the row's fp8 values, -1 = skip
+    __shared__ i64 s_ssrc[NG_THREADS]; // byte offset of the row's scales
+    __shared__ int s_req[2];
+
+    const int tid = threadIdx.x;
+    const i32* cu = p.cu_seq_lens;
+    const int total = __ldg(cu + p.batch);
+    const int row0 = blockIdx.x * p.tokens_per_cta;
+    // In debug mode the first block also checks cu_seq_lens as a whole.
+    if (p.error != 0 && blockIdx.x == 0) {
+        if (tid == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
+        if (tid == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
+        for (int r = tid; r < p.batch; r += NG_THREADS) {
+            const int a = __ldg(cu + r), b = __ldg(cu + r + 1);
+            if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
+        }
+    }
+    const int end = min(min(row0 + p.tokens_per_cta, p.num_tokens), total);
+    if (row0 >= end) return;  // whole block past the last request: nothing to do
+    const int n = end - row0;
+
+    if (tid < 64) {
+        const int r = warp_find_request(cu, p.batch, tid < 32 ? row0 : end - 1);
+        if ((tid & 31) == 0) s_req[tid >> 5] = r;
+    }
+    __syncthreads();
+
+    if (tid < n) {
+        const int row = row0 + tid;
+        int lo = s_req[0], hi = s_req[1] + 1;  // answer in [lo, hi)
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (__ldg(cu + mid) <= row) lo = mid; else hi = mid;
+        }
+        const int r = lo;
+        i64 src = -1, ssrc = -1;
+        const int start = __ldg(cu + r);
+        if (start <= row && row < __ldg(cu + r + 1)) {
+            const int pos = row - start;
+            const int j = pos / p.block_size;
+            const int t = pos - j * p.block_size;
+            if (j < p.max_blocks) {
+                const int b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+                if (b >= 0 && b < p.num_blocks) {
+                    const i64 base = (i64)b * p.block_stride;
+                    src = base + (i64)t * p.head_dim;
+                    ssrc = base + (i64)p.block_size * p.head_dim + (i64)t * p.scale_words * 4;
+                } else {
+                    ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
+                }
+            } else {
+                ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
+            }
+        } else {
+            ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
+        }
+        s_src[tid] = src;
+        s_ssrc[tid] = ssrc;
+    }
+    __syncthreads();
+
+    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt.
+    const int vpt = p.head_dim / KVEC;
+    const int nvec = n * vpt;
+    for (int base = tid; base < nvec; base += NG_THREADS * NG_UNROLL) {
+        V v[NG_UNROLL];
+        i64 dst[NG_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NG_UNROLL; ++u) {
+            const int i = base + u * NG_THREADS;
+            dst[u] = -1;
+            if (i < nvec) {
+                const int t = i / vpt;
+                const int c = i - t * vpt;
+                const i64 src = s_src[t];
+                if (src >= 0) {
+                    v[u] = __ldg(reinterpret_cast<const V*>(p.kv_cache + src) + c);
+                    dst[u] = (i64)(row0 + t) * p.dst_k_row_stride + (i64)c * KVEC;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NG_UNROLL; ++u) {
+            if (dst[u] >= 0) *reinterpret_cast<V*>(p.dst_k + dst[u]) = v[u];
+        }
+    }
+
+    // Scales: scale_words 4-byte words per token (alignment checked on the host).
+    const int nwords = n * p.scale_words;
+    for (int i = tid; i < nwords; i += NG_THREADS) {
+        const int t = i / p.scale_words;
+        const int w = i - t * p.scale_words;
+        const i64 src = s_ssrc[t];
+        if (src >= 0) {
+            const u32 x = __ldg(reinterpret_cast<const u32*>(p.kv_cache + src) + w);
+            *(reinterpret_cast<u32*>(p.dst_scale + (i64)(row0 + t) * p.dst_scale_row_stride) + w) = x;
+        }
+    }
+}
+
+// One entry point per vector width; names are fixed (extern "C") so the host
+// finds them without NVRTC name expressions.
+extern "C" __global__ void __launch_bounds__(NG_THREADS) gather_indexer_k_v16(const GatherParams p) { gather_body<16>(p); }
+extern "C" __global__ void __launch_bounds__(NG_THREADS) gather_indexer_k_v8(const GatherParams p) { gather_body<8>(p); }
+extern "C" __global__ void __launch_bounds__(NG_THREADS) gather_indexer_k_v4(const GatherParams p) { gather_body<4>(p); }

@@ -1,0 +1,21 @@
+"""nvrtc_gather: DeepSeek-V3.2 indexer-cache ops as CUDA C compiled at first use by NVRTC.
+
+Public API:
+    cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+    preload(device=None)   compile/load every kernel now (e.g. before CUDA-graph capture)
+"""
+from ._version import __version__
+from .errors import CaptureError, CompileError, CudaError, MissingDependencyError, NvrtcGatherError
+from .gather import cp_gather_indexer_k_quant_cache
+from .registry import preload
+
+__all__ = [
+    "__version__",
+    "cp_gather_indexer_k_quant_cache",
+    "preload",
+    "NvrtcGatherError",
+    "MissingDependencyError",
+    "CompileError",
+    "CudaError",
+    "CaptureError",
+]

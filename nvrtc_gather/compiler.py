@@ -1,0 +1,149 @@
+"""NVRTC: CUDA C source -> cubin (or PTX) for one target arch. Needs no GPU.
+
+Everything that talks to NVRTC lives here; the rest of the package sees
+``compile_module(module, target) -> CompiledCode`` and ``pick_target(cc)``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import sources
+from .errors import CompileError, MissingDependencyError
+from .kernels import KernelModule
+
+BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
+
+_INSTALL_HINT = (
+    "install NVRTC for Python: pip install cuda-bindings nvidia-cuda-nvrtc "
+    "(the nvidia-cuda-nvrtc major version must match cuda-bindings')"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to compile for. ``arch`` is the NVRTC -arch value: 'sm_90' gives a cubin,
+    'compute_90' gives PTX that the driver JIT-compiles at load."""
+
+    arch: str
+
+    @property
+    def is_ptx(self) -> bool:
+        return self.arch.startswith("compute_")
+
+
+@dataclass(frozen=True)
+class CompiledCode:
+    target: Target
+    image: bytes  # cubin, or NUL-terminated PTX
+    log: str
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:  # cuda-bindings itself is missing
+        raise MissingDependencyError(f"cuda.bindings is not importable ({exc}); {_INSTALL_HINT}") from exc
+    return nvrtc
+
+
+def _check(nvrtc, result, what: str):
+    """Unpack a cuda.bindings NVRTC return tuple, raising on error."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{what} failed: {err.name}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def _call(fn, *args):
+    """Call an NVRTC binding; a missing libnvrtc surfaces here as a RuntimeError from
+    cuda.pathfinder (DynamicLibNotFoundError), which we turn into an install hint."""
+    try:
+        return fn(*args)
+    except RuntimeError as exc:
+        if type(exc).__name__ == "DynamicLibNotFoundError" or "nvrtc" in str(exc).lower():
+            raise MissingDependencyError(f"the NVRTC library could not be loaded ({exc}); {_INSTALL_HINT}") from exc
+        raise
+
+
+@lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    nvrtc = _nvrtc()
+    major, minor = _check(nvrtc, _call(nvrtc.nvrtcVersion), "nvrtcVersion")
+    return int(major), int(minor)
+
+
+@lru_cache(maxsize=None)
+def supported_archs() -> tuple[int, ...]:
+    """Compute capabilities NVRTC can emit a cubin for, e.g. (75, 80, 86, ..., 120)."""
+    nvrtc = _nvrtc()
+    archs = _check(nvrtc, _call(nvrtc.nvrtcGetSupportedArchs), "nvrtcGetSupportedArchs")
+    return tuple(int(a) for a in archs)
+
+
+def pick_target(capability: int, supported: tuple[int, ...] | None = None) -> Target:
+    """Target for a GPU of compute capability ``capability`` (e.g. 90).
+
+    The exact sm_XY when NVRTC knows it; else the newest known sm_XZ of the same
+    major with Z < Y (cubins run on later minors); else, for a GPU newer than NVRTC,
+    PTX for the newest arch NVRTC knows, which the driver JIT-compiles."""
+    known = supported if supported is not None else supported_archs()
+    if capability in known:
+        return Target(f"sm_{capability}")
+    same_major = [a for a in known if a // 10 == capability // 10 and a < capability]
+    if same_major:
+        return Target(f"sm_{max(same_major)}")
+    older = [a for a in known if a < capability]
+    if not older:
+        raise MissingDependencyError(
+            f"this NVRTC ({'.'.join(map(str, nvrtc_version()))}) cannot compile for compute capability "
+            f"{capability // 10}.{capability % 10} (it supports {', '.join(f'sm_{a}' for a in known)}); "
+            "install an nvidia-cuda-nvrtc release that supports your GPU"
+        )
+    return Target(f"compute_{max(older)}")
+
+
+def module_options(module: KernelModule, target: Target) -> tuple[str, ...]:
+    """The full option list: part of the cache key, so it must be deterministic."""
+    return BASE_OPTIONS + module.options + (f"--gpu-architecture={target.arch}",)
+
+
+def compile_module(module: KernelModule, target: Target) -> CompiledCode:
+    """Compile one kernel module. Raises CompileError with NVRTC's log on failure."""
+    nvrtc = _nvrtc()
+    src = sources.read_source(module.source).encode()
+    hdrs = sources.headers()
+    names = [n.encode() for n in hdrs]
+    texts = [t.encode() for t in hdrs.values()]
+    prog = _check(
+        nvrtc,
+        _call(nvrtc.nvrtcCreateProgram, src, module.source.encode(), len(hdrs), texts, names),
+        "nvrtcCreateProgram",
+    )
+    try:
+        opts = [o.encode() for o in module_options(module, target)]
+        (err,) = _call(nvrtc.nvrtcCompileProgram, prog, len(opts), opts)
+        log = _program_log(nvrtc, prog)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC could not compile {module.source} for {target.arch} ({err.name})", log)
+        if target.is_ptx:
+            size = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+            buf = b" " * size
+            _check(nvrtc, nvrtc.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
+        else:
+            size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+            if size == 0:  # NVRTC reports no error for a virtual arch; never store an empty image
+                raise CompileError(f"NVRTC produced no cubin for {target.arch}", log)
+            buf = b" " * size
+            _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+        return CompiledCode(target=target, image=bytes(buf), log=log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _program_log(nvrtc, prog) -> str:
+    size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+    if size <= 1:
+        return ""
+    buf = b" " * size
+    _check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+    return buf.rstrip(b"\0 ").decode(errors="replace")

@@ -1,0 +1,29 @@
+"""The catalogue of kernel modules: which source file, which entry points, which options.
+
+A module is compiled once per target arch into one cubin holding all its entry points.
+New kernels plug in by adding a KernelModule here; compiling, caching, loading and
+launching are shared (compiler.py, cache.py, registry.py, launcher.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Must match NG_THREADS in cuda_src/common.cuh.
+THREADS_PER_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    name: str                    # short id, used in cache file names
+    source: str                  # file in cuda_src/
+    kernels: tuple[str, ...]     # extern "C" entry points
+    options: tuple[str, ...] = ()  # extra NVRTC options (the arch is added per target)
+
+
+GATHER = KernelModule(
+    name="gather_indexer_k",
+    source="gather_indexer_k.cu",
+    kernels=("gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"),
+)
+
+# Every module the package can launch (the warmup tool compiles all of them).
+ALL_MODULES: tuple[KernelModule, ...] = (GATHER,)

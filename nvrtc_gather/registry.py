@@ -1,0 +1,174 @@
+"""From a KernelModule to launchable functions on a device: compile (or take from the
+disk cache), load, and keep in memory. The one path every kernel goes through.
+
+- ``build_image(module, target)``: the GPU code for a target, from the disk cache or
+  NVRTC (needs no GPU; the warmup tool uses it).
+- ``functions(module, device)``: CUfunction handles of the module's kernels in that
+  device's primary context, built on first use and kept for the process.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from . import cache as cache_mod
+from . import compiler, driver, sources
+from ._version import __version__
+from .errors import CaptureError, CudaError
+from .kernels import KernelModule
+
+# Counters for tests and the CLI: how often NVRTC ran, how often the disk served.
+stats = {"compiles": 0, "disk_hits": 0, "loads": 0}
+
+_lock = threading.RLock()
+_libraries: dict[tuple[str, str], object] = {}       # (module, arch) -> CUlibrary
+_functions: dict[tuple[str, int], dict[str, int]] = {}  # (module, device) -> name -> CUfunction
+
+
+def cache_key(module: KernelModule, target: compiler.Target) -> str:
+    """Everything that shapes the GPU code, and nothing that depends on where we are installed."""
+    fields: list[tuple[str, str | bytes]] = [
+        ("schema", str(cache_mod.SCHEMA)),
+        ("package", __version__),
+        ("module", module.name),
+        ("source_name", module.source),
+        ("source", sources.read_source(module.source)),
+    ]
+    for name, text in sources.headers().items():
+        fields += [("header_name", name), ("header", text)]
+    fields += [("option", o) for o in compiler.module_options(module, target)]
+    fields += [
+        ("arch", target.arch),
+        ("nvrtc", "%d.%d" % compiler.nvrtc_version()),
+        ("kernels", ",".join(module.kernels)),
+    ]
+    return cache_mod.make_key(fields)
+
+
+def entry_name(module: KernelModule, target: compiler.Target) -> str:
+    return f"{module.name}-{target.arch}"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: bytes
+    key: str
+    from_cache: bool
+
+
+def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None = None,
+                use_default_cache: bool = True) -> BuildResult:
+    """GPU code for ``module`` on ``target``: a verified disk entry, or a fresh compile that
+    is then published. Raises CompileError / MissingDependencyError; never returns a bad image."""
+    key = cache_key(module, target)
+    if disk is None and use_default_cache:
+        disk = cache_mod.current()
+    name = entry_name(module, target)
+    if disk is not None:
+        image = disk.get(name, key)
+        if image is not None:
+            stats["disk_hits"] += 1
+            return BuildResult(image, key, True)
+        with disk.lock(name, key):
+            image = disk.get(name, key)  # another process may have published it meanwhile
+            if image is not None:
+                stats["disk_hits"] += 1
+                return BuildResult(image, key, True)
+            image = _compile(module, target)
+            disk.put(name, key, image)
+            return BuildResult(image, key, False)
+    return BuildResult(_compile(module, target), key, False)
+
+
+def _compile(module: KernelModule, target: compiler.Target) -> bytes:
+    stats["compiles"] += 1
+    return compiler.compile_module(module, target).image
+
+
+def _load(module: KernelModule, target: compiler.Target, device: int, image: bytes | None) -> dict[str, int]:
+    """Load (or reuse) the library for (module, arch) and fetch its kernels in ``device``'s
+    context. Loading is lazy in the driver: a bad image may only fail at the fetch."""
+    lk = (module.name, target.arch)
+    lib = _libraries.get(lk)
+    fresh = lib is None
+    if fresh:
+        lib = driver.load_library(image)
+        stats["loads"] += 1
+    try:
+        fns = _in_context(device, lambda: {name: driver.get_function(lib, name) for name in module.kernels})
+    except CudaError:
+        if fresh:
+            driver.unload_library(lib)
+        raise
+    _libraries[lk] = lib
+    return fns
+
+
+def _build_and_load(module: KernelModule, target: compiler.Target, device: int) -> dict[str, int]:
+    """A cached image that fails to load is discarded, compiled afresh and replaced, once."""
+    if (module.name, target.arch) in _libraries:
+        return _load(module, target, device, None)
+    built = build_image(module, target)
+    try:
+        return _load(module, target, device, built.image)
+    except CudaError:
+        if not built.from_cache:
+            raise
+    disk = cache_mod.current()
+    name = entry_name(module, target)
+    if disk is not None:
+        disk.discard(name, built.key)
+    image = _compile(module, target)
+    if disk is not None:
+        disk.put(name, built.key, image)
+    return _load(module, target, device, image)
+
+
+def functions(module: KernelModule, device: int, stream: int = 0) -> dict[str, int]:
+    """name -> CUfunction for ``device``'s primary context. The first call per (module,
+    device) compiles/loads; it refuses to do so while ``stream`` is capturing a CUDA graph."""
+    fk = (module.name, device)
+    fns = _functions.get(fk)
+    if fns is not None:
+        return fns
+    with _lock:
+        fns = _functions.get(fk)
+        if fns is not None:
+            return fns
+        if stream and driver.stream_is_capturing(stream):
+            raise CaptureError(
+                f"nvrtc_gather's {module.name} kernels are not loaded on cuda:{device} yet and the stream is "
+                f"capturing a CUDA graph; call nvrtc_gather.preload({device}) (or run the op once) before capture"
+            )
+        target = compiler.pick_target(driver.capability(device))
+        fns = _build_and_load(module, target, device)
+        _functions[fk] = fns
+        return fns
+
+
+def _in_context(device: int, fn):
+    """Run fn with ``device``'s primary context current, restoring the caller's context."""
+    import ctypes
+
+    raw = driver.raw()
+    ctx = driver.primary_context(device)
+    cur = ctypes.c_void_p()
+    raw.ctx_get_current(ctypes.byref(cur))
+    if (cur.value or 0) == ctx:
+        return fn()
+    driver.check(raw.ctx_push(ctx), "cuCtxPushCurrent")
+    try:
+        return fn()
+    finally:
+        raw.ctx_pop(ctypes.byref(ctypes.c_void_p()))
+
+
+def preload(device: int | None = None, modules=None) -> None:
+    """Compile/load every kernel for ``device`` (default: every visible GPU) now, so that
+    no later call has to, e.g. before capturing CUDA graphs."""
+    from .kernels import ALL_MODULES
+
+    devices = [device] if device is not None else range(driver.device_count())
+    for d in devices:
+        for m in modules or ALL_MODULES:
+            functions(m, d)

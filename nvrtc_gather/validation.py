@@ -1,0 +1,63 @@
+"""Argument checks shared by the ops. Each raises TypeError/ValueError naming the argument
+and saying what was expected; none touches tensor data (no device sync)."""
+from __future__ import annotations
+
+import torch
+
+INT32_MAX = 2**31 - 1
+
+
+def tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def dtype_in(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> torch.dtype:
+    dt = t.dtype
+    if dt not in allowed:
+        want = " or ".join(str(a) for a in allowed)
+        raise TypeError(f"{name}: expected dtype {want}, got {dt}")
+    return dt
+
+
+def rank(name: str, t: torch.Tensor, n: int, shape_doc: str) -> None:
+    if t.dim() != n:
+        raise ValueError(f"{name}: expected {n} dimensions {shape_doc}, got shape {tuple(t.shape)}")
+
+
+def unit_inner_stride(name: str, t: torch.Tensor) -> None:
+    """The last dimension must be contiguous (rows may be strided)."""
+    if t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: the last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}; "
+            "pass a row-strided view or call .contiguous()"
+        )
+
+
+def fits_int32(name: str, what: str, value: int) -> None:
+    if value > INT32_MAX:
+        raise ValueError(f"{name}: {what} = {value} exceeds the supported maximum {INT32_MAX}")
+
+
+def aligned(name: str, what: str, value: int, to: int = 4) -> None:
+    if value % to:
+        raise ValueError(
+            f"{name}: {what} ({value}) must be a multiple of {to} bytes for aligned device access; "
+            "pass a tensor whose data pointer and row stride are 4-byte aligned"
+        )
+
+
+def same_device(named: dict[str, torch.Tensor]) -> torch.device:
+    it = iter(named.items())
+    first_name, first = next(it)
+    dev = first.device
+    for name, t in it:
+        if t.device != dev:
+            raise ValueError(
+                f"{name}: expected a tensor on {dev} like {first_name}, got one on {t.device}; "
+                "all tensors of one call must be on the same device"
+            )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{first_name}: tensors on {dev.type} are not supported (use cpu or cuda)")
+    return dev
