@@ -27,3 +27,12 @@ GATHER = KernelModule(
 
 # Every module the package can launch (the warmup tool compiles all of them).
 ALL_MODULES: tuple[KernelModule, ...] = (GATHER,)
+
+# Benchmark-only kernels (scripts/bench.py): compiled and launched through the same path,
+# never by the ops, so not part of ALL_MODULES.
+BASELINE_LINEAR_SCAN = KernelModule(
+    name="baseline_linear_scan",
+    source="baseline_linear_scan.cu",
+    kernels=("baseline_linear_scan",),
+)
+BENCH_MODULES: tuple[KernelModule, ...] = (BASELINE_LINEAR_SCAN,)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
-from nvrtc_gather import gather, registry
+from nvrtc_gather import gather
 from nvrtc_gather.gather_torch import gather_torch
 from reference import SENTINEL, gather_reference, make_gather_case, to_device
 

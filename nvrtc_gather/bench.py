@@ -1,0 +1,310 @@
+"""Side-by-side benchmark of the gather (scripts/bench.py, ``nvrtc-gather bench``).
+
+For each DeepSeek-V3.2-shaped workload: the op, a contiguous device copy of the same
+bytes (the ceiling), a linear-scan baseline kernel (vLLM's approach), the vectorized
+torch path and a per-request Python loop. Every implementation is checked bit-exact
+against the torch path before it is timed. Timing: warm-up, L2 flushed before every
+run, CUDA-event medians. Also: host cost per call, first call on a warm cache in a
+fresh process, cold compile. Writes a table, JSON and a PNG chart."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import compiler, driver, gather, launcher, registry
+from .gather_torch import gather_torch
+from .kernels import BASELINE_LINEAR_SCAN, THREADS_PER_BLOCK
+
+HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
+NQ = HEAD_DIM // QBS
+BYTES_PER_TOKEN = HEAD_DIM + 4 * NQ  # 132 read + 132 written per token
+
+WORKLOADS = [  # (requests, mean tokens per request)
+    (8, 131072), (1, 131072), (4, 32768), (64, 2048), (256, 1000),
+    (1024, 256), (4096, 64), (1, 1000), (8, 100),
+]
+
+
+def ragged_lengths(rng: random.Random, batch: int, mean: int) -> list[int]:
+    """Lengths around ``mean`` (0.5x..1.5x), about 5% empty when batch > 1; a single request is exact."""
+    if batch == 1:
+        return [mean]
+    return [0 if rng.random() < 0.05 else max(1, round(mean * rng.uniform(0.5, 1.5))) for _ in range(batch)]
+
+
+class Workload:
+    """Tensors of one workload on the GPU: a cache several times the L2, shuffled blocks."""
+
+    def __init__(self, batch: int, mean: int, l2_bytes: int, seed: int = 0):
+        rng = random.Random(seed)
+        self.name = f"{batch}x{mean}"
+        self.lens = ragged_lengths(rng, batch, mean)
+        self.tokens = sum(self.lens)
+        blocks_per = [math.ceil(n / BLOCK_SIZE) for n in self.lens]
+        need = sum(blocks_per)
+        block_bytes = BLOCK_SIZE * BYTES_PER_TOKEN
+        num_blocks = max(need, (4 * l2_bytes) // block_bytes)
+        dev = "cuda"
+        self.kv = torch.randint(0, 256, (num_blocks, BLOCK_SIZE, BYTES_PER_TOKEN), dtype=torch.uint8, device=dev)
+        ids = torch.randperm(num_blocks, device=dev)[:need].to(torch.int32).cpu().tolist()
+        max_blocks = max(blocks_per + [1])
+        bt = torch.zeros(batch, max_blocks, dtype=torch.int32)
+        k = 0
+        for r, nb in enumerate(blocks_per):
+            bt[r, :nb] = torch.tensor(ids[k:k + nb], dtype=torch.int32)
+            k += nb
+        self.block_table = bt.to(dev)
+        cu = [0]
+        for n in self.lens:
+            cu.append(cu[-1] + n)
+        self.cu_host = cu
+        self.cu = torch.tensor(cu, dtype=torch.int32, device=dev)
+        self.blocks_per = blocks_per
+        self.bytes_moved = 2 * self.tokens * BYTES_PER_TOKEN
+
+    def outputs(self):
+        k = torch.empty(self.tokens, HEAD_DIM, dtype=torch.float8_e4m3fn, device="cuda")
+        s = torch.empty(self.tokens, 4 * NQ, dtype=torch.uint8, device="cuda")
+        k.view(torch.uint8).fill_(0xA5)
+        s.fill_(0xA5)
+        return k, s
+
+
+def _torch_path(w: Workload, k, s):
+    gather_torch(gather.plan_gather(w.kv, k, s, w.block_table, w.cu), w.kv, k, s, w.block_table, w.cu)
+
+
+def _loop_path(w: Workload, k, s):
+    """Per-request Python loop, the way engines first wrote it."""
+    kv_k = w.kv.as_strided((w.kv.size(0), BLOCK_SIZE, HEAD_DIM), (w.kv.stride(0), HEAD_DIM, 1))
+    kv_s = w.kv.as_strided((w.kv.size(0), BLOCK_SIZE, 4 * NQ), (w.kv.stride(0), 4 * NQ, 1), BLOCK_SIZE * HEAD_DIM)
+    k8 = k.view(torch.uint8)
+    for r, n in enumerate(w.lens):
+        if n == 0:
+            continue
+        ids = w.block_table[r, : w.blocks_per[r]]
+        a = w.cu_host[r]
+        k8[a:a + n] = kv_k[ids].reshape(-1, HEAD_DIM)[:n]
+        s[a:a + n] = kv_s[ids].reshape(-1, 4 * NQ)[:n]
+
+
+def _baseline(w: Workload, k, s):
+    dev = torch.cuda.current_device()
+    fn = registry.functions(BASELINE_LINEAR_SCAN, dev)["baseline_linear_scan"]
+    p = gather.plan_gather(w.kv, k, s, w.block_table, w.cu)
+    per = THREADS_PER_BLOCK // 32
+    launcher.launch(dev, fn, (p.num_tokens + per - 1) // per, torch.cuda.current_stream().cuda_stream, gather.PARAMS, (
+        w.kv.data_ptr(), k.data_ptr(), s.data_ptr(), w.block_table.data_ptr(), w.cu.data_ptr(), 0,
+        p.block_stride, p.dst_k_row_stride, p.dst_scale_row_stride, p.bt_row_stride,
+        p.num_tokens, p.batch, p.max_blocks, p.num_blocks, p.block_size, p.head_dim, p.scale_words, 0))
+
+
+def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
+    """Median µs of ``fn`` over ``reps`` runs, L2 flushed (flush.zero_()) before each."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1000.0
+
+
+def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+    rows = []
+    for batch, mean in WORKLOADS:
+        w = Workload(batch, mean, l2, seed=batch * 7 + mean)
+        ref_k, ref_s = w.outputs()
+        _torch_path(w, ref_k, ref_s)
+        impls = {
+            "op": lambda k, s: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu),
+            "baseline": lambda k, s: _baseline(w, k, s),
+            "torch": lambda k, s: _torch_path(w, k, s),
+        }
+        if batch <= loop_max_batch:
+            impls["loop"] = lambda k, s: _loop_path(w, k, s)
+        row = {"workload": w.name, "requests": batch, "tokens": w.tokens, "bytes": w.bytes_moved}
+        for name, impl in impls.items():
+            k, s = w.outputs()
+            impl(k, s)
+            torch.cuda.synchronize()
+            if not (torch.equal(k.view(torch.uint8), ref_k.view(torch.uint8)) and torch.equal(s, ref_s)):
+                raise AssertionError(f"{name} is not bit-exact against the torch path on {w.name}")
+            n = reps if name in ("op", "baseline") else max(3, reps // 10)
+            row[f"{name}_us"] = time_gpu(lambda: impl(k, s), flush, n)
+        src = torch.randint(0, 256, (w.tokens * BYTES_PER_TOKEN,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        row["copy_us"] = time_gpu(lambda: dst.copy_(src), flush, reps)
+        row["op_over_copy"] = row["op_us"] / row["copy_us"]
+        row["baseline_over_op"] = row["baseline_us"] / row["op_us"]
+        row["op_GBps"] = w.bytes_moved / row["op_us"] / 1e3
+        row["copy_GBps"] = w.bytes_moved / row["copy_us"] / 1e3
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+        w = src = dst = impls = None  # free the workload before the next one
+        torch.cuda.empty_cache()
+    return rows
+
+
+def host_cost(calls: int = 10000) -> dict:
+    """Median ns per call of the full Python op (validation included), back to back, on
+    the smallest workload; torch's copy_ of a small tensor measured the same way."""
+    w = Workload(1, 1000, 0, seed=1)
+    k, s = w.outputs()
+    op = gather.cp_gather_indexer_k_quant_cache
+    args = (w.kv, k, s, w.block_table, w.cu)
+    a = torch.empty(1024, device="cuda")
+    b = torch.empty(1024, device="cuda")
+    plan = gather.plan_gather
+
+    def per_call(fn, *fargs):
+        for _ in range(200):
+            fn(*fargs)
+        torch.cuda.synchronize()
+        t = []
+        clock = time.perf_counter_ns
+        for _ in range(calls):
+            t0 = clock()
+            fn(*fargs)
+            t.append(clock() - t0)
+        torch.cuda.synchronize()
+        return statistics.median(t) / 1000.0
+
+    return {
+        "op_us": per_call(op, *args),
+        "validation_only_us": per_call(plan, *args),
+        "torch_copy_us": per_call(a.copy_, b),
+        "calls": calls,
+    }
+
+
+_FIRST_CALL = r"""
+import time, torch
+t0 = time.perf_counter()
+import nvrtc_gather as ng
+from nvrtc_gather import registry
+kv = torch.randint(0, 256, (64, 64, 132), dtype=torch.uint8, device="cuda")
+k = torch.empty(1000, 128, dtype=torch.uint8, device="cuda"); s = torch.empty(1000, 4, dtype=torch.uint8, device="cuda")
+bt = torch.arange(16, dtype=torch.int32, device="cuda").view(1, 16); cu = torch.tensor([0, 1000], dtype=torch.int32, device="cuda")
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+ng.cp_gather_indexer_k_quant_cache(kv, k, s, bt, cu); torch.cuda.synchronize()
+t2 = time.perf_counter()
+print((t2 - t1) * 1000, registry.stats["compiles"])
+"""
+
+
+def first_calls() -> dict:
+    """Cold (empty cache: compile + load) and warm (fresh process, cache filled) first calls."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=d)
+        out = []
+        for _ in range(3):
+            r = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True, check=True)
+            ms, compiles = r.stdout.split()[-2:]
+            out.append((float(ms), int(compiles)))
+    target = compiler.pick_target(driver.capability(0))
+    t = time.perf_counter()
+    compiler.compile_module(gather.GATHER, target)
+    compile_ms = (time.perf_counter() - t) * 1000
+    return {"cold_first_call_ms": out[0][0], "cold_compiles": out[0][1],
+            "warm_first_call_ms": min(o[0] for o in out[1:]), "warm_compiles": out[1][1],
+            "nvrtc_compile_ms": compile_ms}
+
+
+def _fmt_row(r: dict) -> str:
+    def f(key):
+        v = r.get(key)
+        return f"{v:10.1f}" if v is not None else f"{'-':>10}"
+    return (f"{r['workload']:>12} {r['tokens']:>9} {f('copy_us')} {f('op_us')} {r['op_over_copy']:6.2f}x "
+            f"{f('baseline_us')} {f('torch_us')} {f('loop_us')}")
+
+
+HEADER = (f"{'workload':>12} {'tokens':>9} {'copy us':>10} {'op us':>10} {'op/cp':>7} "
+          f"{'linscan us':>10} {'torch us':>10} {'loop us':>10}")
+
+
+def environment() -> dict:
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "driver_cuda": driver.driver_version(),
+        "torch": torch.__version__,
+        "nvrtc": "%d.%d" % compiler.nvrtc_version(),
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["workload"] for r in rows]
+    series = [("copy", "copy_us"), ("op", "op_us"), ("linear scan", "baseline_us"), ("torch", "torch_us")]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.2
+    for i, (label, key) in enumerate(series):
+        ax.bar([x + (i - 1.5) * width for x in range(len(rows))], [r[key] for r in rows], width, label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)), names, rotation=20)
+    ax.set_ylabel("µs (median, L2 flushed)")
+    ax.set_title(f"cp_gather_indexer_k_quant_cache on {torch.cuda.get_device_name(0)}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="nvrtc-gather bench", description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path, help="folder for bench.json and bench.png")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--loop-max-batch", type=int, default=1024, help="skip the per-request loop above this batch")
+    ap.add_argument("--skip-first-calls", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("nvrtc-gather bench: no CUDA GPU visible; the benchmark needs one.", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    print(env)
+    print(HEADER)
+    rows = bench_workloads(args.reps, args.loop_max_batch)
+    host = host_cost()
+    print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us "
+          f"(validation alone {host['validation_only_us']:.2f} us), torch copy_ {host['torch_copy_us']:.2f} us")
+    first = {} if args.skip_first_calls else first_calls()
+    if first:
+        print(f"first call, fresh process: cold cache {first['cold_first_call_ms']:.0f} ms "
+              f"({first['cold_compiles']} compiles), warm cache {first['warm_first_call_ms']:.1f} ms "
+              f"({first['warm_compiles']} compiles); NVRTC compile alone {first['nvrtc_compile_ms']:.0f} ms")
+    result = {"environment": env, "workloads": rows, "host_cost": host, "first_call": first,
+              "shape": {"head_dim": HEAD_DIM, "quant_block_size": QBS, "block_size": BLOCK_SIZE}}
+    (args.out / "bench.json").write_text(json.dumps(result, indent=2))
+    chart(rows, args.out / "bench.png")
+    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

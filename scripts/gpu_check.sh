@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU in one go (one device call): the test suite, the GPU
+# tests again under compute-sanitizer memcheck, and the benchmark.
+#   scripts/gpu_check.sh [tests] [memcheck] [bench]      (default: all three)
+# Logs and results go to $OUT (the device tool's output folder) or ./out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+stages=${*:-tests memcheck bench}
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| cuda-bindings', m.version('cuda-bindings'), '| nvidia-cuda-nvrtc', m.version('nvidia-cuda-nvrtc'))"
+for stage in $stages; do
+  echo "=== $stage ==="
+  case $stage in
+    tests)
+      python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest.log" | tail -25 || status=1 ;;
+    memcheck)
+      compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        -k "not second_process" tests 2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1 ;;
+    racecheck)
+      compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        -k "grid and 37" tests 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1 ;;
+    bench)
+      python3 scripts/bench.py "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    *) python3 -m pytest -q -rs $stage 2>&1 | tail -25 || status=1 ;;
+  esac
+done
+exit $status
