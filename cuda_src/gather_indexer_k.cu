@@ -43,10 +43,10 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
 
     const int tid = threadIdx.x;
     const i32* cu = p.cu_seq_lens;
-    const int total = __ldg(cu + p.batch);
     const int row0 = blockIdx.x * p.tokens_per_cta;
     // In debug mode the first block also checks cu_seq_lens as a whole.
     if (p.error != 0 && blockIdx.x == 0) {
+        const int total = __ldg(cu + p.batch);
         if (tid == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
         if (tid == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
         for (int r = tid; r < p.batch; r += NG_THREADS) {
@@ -54,8 +54,10 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
         }
     }
-    const int end = min(min(row0 + p.tokens_per_cta, p.num_tokens), total);
-    if (row0 >= end) return;  // whole block past the last request: nothing to do
+    // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
+    // last request), so no up-front load of the total: one dependent load less before
+    // the first byte moves, which is what a single wave of blocks waits on.
+    const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
 
     if (tid < 64) {
@@ -90,7 +92,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             } else {
                 ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
             }
-        } else {
+        } else if (row < __ldg(cu + p.batch)) {  // rows past the total are the untouched tail
             ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
         }
         s_src[tid] = src;

@@ -27,6 +27,7 @@ import torch
 from . import compiler, driver, gather, launcher, registry
 from .gather_torch import gather_torch
 from .kernels import BASELINE_LINEAR_SCAN, THREADS_PER_BLOCK
+from .streams import current_stream
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 NQ = HEAD_DIM // QBS
@@ -166,6 +167,30 @@ def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
     return rows
 
 
+def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
+    """Op time per workload for several tokens-per-block settings (a runtime parameter)."""
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+    saved = dict(gather._TOKENS_PER_CTA)
+    out = []
+    try:
+        for batch, mean in WORKLOADS:
+            w = Workload(batch, mean, l2, seed=batch * 7 + mean)
+            k, s = w.outputs()
+            row = {"workload": w.name}
+            for tpc in values:
+                gather._TOKENS_PER_CTA[HEAD_DIM] = tpc
+                row[tpc] = time_gpu(lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu),
+                                    flush, reps)
+            out.append(row)
+            print(f"{w.name:>12} " + " ".join(f"{row[t]:8.1f}" for t in values), flush=True)
+    finally:
+        gather._TOKENS_PER_CTA.clear()
+        gather._TOKENS_PER_CTA.update(saved)
+    return out
+
+
 def host_cost(calls: int = 10000) -> dict:
     """Median ns per call of the full Python op (validation included), back to back, on
     the smallest workload; torch's copy_ of a small tensor measured the same way."""
@@ -190,9 +215,26 @@ def host_cost(calls: int = 10000) -> dict:
         torch.cuda.synchronize()
         return statistics.median(t) / 1000.0
 
+    dev = torch.cuda.current_device()
+    p = plan(*args)
+    fn = gather._kernels[dev][p.vec]
+    tpc = gather._tokens_per_cta(p.head_dim)
+    values = (p.kv_ptr, p.k_ptr, p.s_ptr, p.bt_ptr, p.cu_ptr, 0, p.block_stride, p.dst_k_row_stride,
+              p.dst_scale_row_stride, p.bt_row_stride, p.num_tokens, p.batch, p.max_blocks, p.num_blocks,
+              p.block_size, p.head_dim, p.scale_words, tpc)
+    stream = current_stream(dev)
+    grid = (p.num_tokens + tpc - 1) // tpc
+    raw = driver.raw()
+    buf, params, cur, cur_ref, _ = launcher._thread_state()
+    launch = launcher.launch
     return {
         "op_us": per_call(op, *args),
         "validation_only_us": per_call(plan, *args),
+        "current_stream_us": per_call(current_stream, dev),
+        "launcher_us": per_call(launch, dev, fn, grid, stream, gather.PARAMS, values),
+        "raw_cuLaunchKernel_us": per_call(raw.launch, fn, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, params, None),
+        "cuCtxGetCurrent_us": per_call(raw.ctx_get_current, cur_ref),
+        "pack_us": per_call(gather.PARAMS.pack_into, buf, 0, *values),
         "torch_copy_us": per_call(a.copy_, b),
         "calls": calls,
     }
@@ -281,6 +323,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--loop-max-batch", type=int, default=1024, help="skip the per-request loop above this batch")
     ap.add_argument("--skip-first-calls", action="store_true")
+    ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
+    ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("nvrtc-gather bench: no CUDA GPU visible; the benchmark needs one.", file=sys.stderr)
@@ -291,15 +335,23 @@ def main(argv=None) -> int:
     print(HEADER)
     rows = bench_workloads(args.reps, args.loop_max_batch)
     host = host_cost()
-    print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us "
-          f"(validation alone {host['validation_only_us']:.2f} us), torch copy_ {host['torch_copy_us']:.2f} us")
+    print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us, torch copy_ "
+          f"{host['torch_copy_us']:.2f} us; parts: " + ", ".join(
+              f"{k[:-3]} {v:.2f}" for k, v in host.items() if k.endswith("_us") and k not in ("op_us", "torch_copy_us")))
+    sweep = []
+    if args.sweep_tpc:
+        values = [int(x) for x in args.sweep_tpc.split(",")]
+        print(f"op us by tokens per block: {'workload':>12} " + " ".join(f"{v:8d}" for v in values))
+        sweep = sweep_tokens_per_cta(values, args.reps)
     first = {} if args.skip_first_calls else first_calls()
     if first:
         print(f"first call, fresh process: cold cache {first['cold_first_call_ms']:.0f} ms "
               f"({first['cold_compiles']} compiles), warm cache {first['warm_first_call_ms']:.1f} ms "
               f"({first['warm_compiles']} compiles); NVRTC compile alone {first['nvrtc_compile_ms']:.0f} ms")
-    result = {"environment": env, "workloads": rows, "host_cost": host, "first_call": first,
+    result = {"environment": env, "workloads": rows, "host_cost": host, "first_call": first, "sweep_tpc": sweep,
               "shape": {"head_dim": HEAD_DIM, "quant_block_size": QBS, "block_size": BLOCK_SIZE}}
+    if args.tag:
+        result["tag"] = args.tag
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
     chart(rows, args.out / "bench.png")
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")

@@ -16,8 +16,8 @@ _MESSAGES = {
 }
 
 
-def error_buffer(device: torch.device) -> torch.Tensor:
-    return torch.zeros(4, dtype=torch.int64, device=device)
+def error_buffer(device: int) -> torch.Tensor:
+    return torch.zeros(4, dtype=torch.int64, device=torch.device("cuda", device))
 
 
 def raise_if_set(err: torch.Tensor, op: str) -> None:

@@ -5,11 +5,13 @@ on CUDA tensors or the vectorized torch implementation (gather_torch.py) on CPU 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
 from . import debug_check, launcher, registry, settings
+from .streams import current_stream
 from . import validation as v
 from .gather_torch import gather_torch
 from .kernels import GATHER, THREADS_PER_BLOCK
@@ -18,6 +20,7 @@ _FP8 = torch.float8_e4m3fn
 _KV_DTYPES = (torch.uint8, _FP8)
 _K_DTYPES = (_FP8, torch.uint8)
 _SCALE_DTYPES = (torch.uint8, torch.float32)
+_U8, _I32 = torch.uint8, torch.int32
 
 # Mirrors struct GatherParams in cuda_src/gather_indexer_k.cu (6 pointers, 4 int64, 8 int32).
 PARAMS = struct.Struct("<6Q4q8i")
@@ -26,10 +29,10 @@ PARAMS = struct.Struct("<6Q4q8i")
 _BYTES_PER_CTA = 16384
 
 
-@dataclass(frozen=True)
-class GatherPlan:
-    """Sizes and byte strides of one validated call."""
+class GatherPlan(NamedTuple):
+    """Sizes, byte strides and pointers of one validated call."""
 
+    device: int               # CUDA ordinal, -1 for CPU
     num_tokens: int
     head_dim: int
     scale_words: int          # fp32 scales per token
@@ -42,60 +45,91 @@ class GatherPlan:
     dst_scale_row_stride: int  # bytes
     bt_row_stride: int        # elements
     vec: int                  # bytes per fp8 load/store on the GPU
+    kv_ptr: int
+    k_ptr: int
+    s_ptr: int
+    bt_ptr: int
+    cu_ptr: int
+
+
+def _named(*tensors):
+    return zip(("kv_cache", "dst_k", "dst_scale", "block_table", "cu_seq_lens"), tensors)
+
+
+_SCALE_SHAPE = ("[num_tokens, 4 * head_dim // quant_block_size] (uint8) or "
+                "[num_tokens, head_dim // quant_block_size] (float32)")
 
 
 def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherPlan:
-    """Validate the arguments of cp_gather_indexer_k_quant_cache. Reads no tensor data."""
-    v.tensor("kv_cache", kv_cache)
-    v.tensor("dst_k", dst_k)
-    v.tensor("dst_scale", dst_scale)
-    v.tensor("block_table", block_table)
-    v.tensor("cu_seq_lens", cu_seq_lens)
+    """Validate the arguments of cp_gather_indexer_k_quant_cache; reads no tensor data.
 
-    v.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
-    v.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
-    v.dtype_in("dst_k", dst_k, _K_DTYPES)
-    v.rank("dst_k", dst_k, 2, "[num_tokens, head_dim]")
-    scale_dt = v.dtype_in("dst_scale", dst_scale, _SCALE_DTYPES)
-    v.rank("dst_scale", dst_scale, 2, "[num_tokens, 4 * head_dim // quant_block_size] (uint8) or "
-           "[num_tokens, head_dim // quant_block_size] (float32)")
-    v.dtype_in("block_table", block_table, (torch.int32,))
-    v.rank("block_table", block_table, 2, "[batch, max_blocks]")
-    v.dtype_in("cu_seq_lens", cu_seq_lens, (torch.int32,))
-    v.rank("cu_seq_lens", cu_seq_lens, 1, "[batch + 1]")
-    v.same_device({"kv_cache": kv_cache, "dst_k": dst_k, "dst_scale": dst_scale,
-                   "block_table": block_table, "cu_seq_lens": cu_seq_lens})
+    Written flat, each attribute read once: it runs on every call and its cost is most of
+    the op's host time (benchmarks/NOTES.md). Messages are built only on failure."""
+    if not (isinstance(kv_cache, Tensor) and isinstance(dst_k, Tensor) and isinstance(dst_scale, Tensor) and
+            isinstance(block_table, Tensor) and isinstance(cu_seq_lens, Tensor)):
+        for name, t in _named(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
+            v.tensor(name, t)
+    if kv_cache.dtype not in _KV_DTYPES:
+        v.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
+    if dst_k.dtype not in _K_DTYPES:
+        v.dtype_in("dst_k", dst_k, _K_DTYPES)
+    scale_dt = dst_scale.dtype
+    if scale_dt not in _SCALE_DTYPES:
+        v.dtype_in("dst_scale", dst_scale, _SCALE_DTYPES)
+    if block_table.dtype is not _I32:
+        v.dtype_in("block_table", block_table, (_I32,))
+    if cu_seq_lens.dtype is not _I32:
+        v.dtype_in("cu_seq_lens", cu_seq_lens, (_I32,))
 
-    num_blocks, block_size, cache_stride = kv_cache.shape
-    num_tokens, head_dim = dst_k.shape
+    kv_shape, k_shape, s_shape, bt_shape, cu_shape = (kv_cache.shape, dst_k.shape, dst_scale.shape,
+                                                      block_table.shape, cu_seq_lens.shape)
+    if len(kv_shape) != 3:
+        v.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
+    if len(k_shape) != 2:
+        v.rank("dst_k", dst_k, 2, "[num_tokens, head_dim]")
+    if len(s_shape) != 2:
+        v.rank("dst_scale", dst_scale, 2, _SCALE_SHAPE)
+    if len(bt_shape) != 2:
+        v.rank("block_table", block_table, 2, "[batch, max_blocks]")
+    if len(cu_shape) != 1:
+        v.rank("cu_seq_lens", cu_seq_lens, 1, "[batch + 1]")
+    device = kv_cache.get_device()  # -1 for CPU (and for meta, hence the thorough check there)
+    if device < 0 or not (dst_k.get_device() == dst_scale.get_device() == block_table.get_device() ==
+                          cu_seq_lens.get_device() == device and kv_cache.is_cuda and dst_k.is_cuda and
+                          dst_scale.is_cuda and block_table.is_cuda and cu_seq_lens.is_cuda):
+        v.same_device(dict(_named(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)))
+
+    num_blocks, block_size, cache_stride = kv_shape
+    num_tokens, head_dim = k_shape
+    s_rows, s_cols = s_shape
+    batch, max_blocks = bt_shape
     if block_size < 1:
-        raise ValueError(f"kv_cache: block_size (dim 1) must be >= 1, got shape {tuple(kv_cache.shape)}")
+        raise ValueError(f"kv_cache: block_size (dim 1) must be >= 1, got shape {tuple(kv_shape)}")
     if head_dim < 4 or head_dim % 4:
         raise ValueError(f"dst_k: head_dim (dim 1) must be a positive multiple of 4, got {head_dim}")
-    if scale_dt == torch.uint8:
-        if dst_scale.size(1) % 4:
+    s_stride = dst_scale.stride()
+    if scale_dt is _U8:
+        if s_cols % 4:
             raise ValueError(f"dst_scale: a uint8 dst_scale holds 4 bytes per fp32 scale, so dim 1 must be a "
-                             f"multiple of 4, got shape {tuple(dst_scale.shape)}")
-        scale_words = dst_scale.size(1) // 4
-        scale_row_stride = dst_scale.stride(0)
+                             f"multiple of 4, got shape {tuple(s_shape)}")
+        scale_words = s_cols // 4
+        scale_row_stride = s_stride[0]
     else:
-        scale_words = dst_scale.size(1)
-        scale_row_stride = dst_scale.stride(0) * 4
+        scale_words = s_cols
+        scale_row_stride = s_stride[0] * 4
     if scale_words < 1 or head_dim % scale_words:
         raise ValueError(
             f"dst_scale: {scale_words} scales per token must divide head_dim={head_dim} "
-            f"(head_dim % quant_block_size must be 0), got shape {tuple(dst_scale.shape)}")
-    if dst_scale.size(0) != num_tokens:
-        raise ValueError(f"dst_scale: expected {num_tokens} rows like dst_k, got shape {tuple(dst_scale.shape)}")
-    need = head_dim + 4 * scale_words
-    if cache_stride < need:
+            f"(head_dim % quant_block_size must be 0), got shape {tuple(s_shape)}")
+    if s_rows != num_tokens:
+        raise ValueError(f"dst_scale: expected {num_tokens} rows like dst_k, got shape {tuple(s_shape)}")
+    if cache_stride < head_dim + 4 * scale_words:
         raise ValueError(
-            f"kv_cache: cache_stride (dim 2) must be at least head_dim + 4 * head_dim / quant_block_size = {need}, "
-            f"got shape {tuple(kv_cache.shape)}")
-    batch, max_blocks = block_table.shape
-    if cu_seq_lens.size(0) != batch + 1:
+            f"kv_cache: cache_stride (dim 2) must be at least head_dim + 4 * head_dim / quant_block_size = "
+            f"{head_dim + 4 * scale_words}, got shape {tuple(kv_shape)}")
+    if cu_shape[0] != batch + 1:
         raise ValueError(f"cu_seq_lens: expected batch + 1 = {batch + 1} entries (block_table has {batch} rows), "
-                         f"got {cu_seq_lens.size(0)}")
+                         f"got {cu_shape[0]}")
 
     # Layout: every cache block is contiguous; rows of the others may be strided.
     s0, s1, s2 = kv_cache.stride()
@@ -103,41 +137,49 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
             (num_blocks > 1 and s0 < block_size * cache_stride):
         raise ValueError(
             f"kv_cache: each block must be contiguous (strides (>= {block_size * cache_stride}, {cache_stride}, 1)), "
-            f"got strides {tuple(kv_cache.stride())}")
-    v.unit_inner_stride("dst_k", dst_k)
-    v.unit_inner_stride("dst_scale", dst_scale)
-    v.unit_inner_stride("block_table", block_table)
-    v.unit_inner_stride("cu_seq_lens", cu_seq_lens)
-    if num_tokens > 1 and dst_k.stride(0) < head_dim:
-        raise ValueError(f"dst_k: rows overlap (stride(0) = {dst_k.stride(0)} < head_dim = {head_dim})")
-    if num_tokens > 1 and scale_row_stride < 4 * scale_words:
-        raise ValueError(f"dst_scale: rows overlap (row stride {scale_row_stride} bytes < {4 * scale_words})")
-
-    v.fits_int32("dst_k", "num_tokens", num_tokens)
-    v.fits_int32("block_table", "batch", batch)
-    v.fits_int32("block_table", "max_blocks", max_blocks)
-    v.fits_int32("kv_cache", "num_blocks", num_blocks)
-    v.fits_int32("kv_cache", "block_size * head_dim", block_size * head_dim)
+            f"got strides {(s0, s1, s2)}")
+    k_row, k_col = dst_k.stride()
+    bt_row, bt_col = block_table.stride()
+    if k_col != 1:
+        v.unit_inner_stride("dst_k", dst_k)
+    if s_stride[1] != 1 and s_cols > 1:
+        v.unit_inner_stride("dst_scale", dst_scale)
+    if bt_col != 1 and max_blocks > 1:
+        v.unit_inner_stride("block_table", block_table)
+    if batch > 0 and cu_seq_lens.stride(0) != 1:
+        v.unit_inner_stride("cu_seq_lens", cu_seq_lens)
+    if num_tokens > 1 and (k_row < head_dim or scale_row_stride < 4 * scale_words):
+        raise ValueError(f"dst_k/dst_scale: rows overlap (dst_k.stride(0) = {k_row} < head_dim = {head_dim}, or "
+                         f"dst_scale's row stride {scale_row_stride} bytes < {4 * scale_words})")
+    if (num_tokens | batch | max_blocks | num_blocks | block_size * head_dim) > v.INT32_MAX:
+        for name, what, value in (("dst_k", "num_tokens", num_tokens), ("block_table", "batch", batch),
+                                  ("block_table", "max_blocks", max_blocks),
+                                  ("kv_cache", "num_blocks", num_blocks),
+                                  ("kv_cache", "block_size * head_dim", block_size * head_dim)):
+            v.fits_int32(name, what, value)
 
     kv_ptr, k_ptr, s_ptr = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
     block_stride = s0 if num_blocks > 1 else block_size * cache_stride
-    k_row = dst_k.stride(0)
-    v.aligned("kv_cache", "data pointer", kv_ptr)
-    v.aligned("kv_cache", "stride(0)", block_stride)
-    v.aligned("dst_k", "data pointer", k_ptr)
-    v.aligned("dst_k", "stride(0)", k_row)
-    v.aligned("dst_scale", "data pointer", s_ptr)
-    v.aligned("dst_scale", "row stride in bytes", scale_row_stride)
-
-    vec = 16
-    while (kv_ptr | block_stride | head_dim | k_ptr | k_row) % vec:
-        vec //= 2  # stops at 4: all five are multiples of 4 by now
-    return GatherPlan(num_tokens, head_dim, scale_words, batch, max_blocks, num_blocks, block_size,
-                      block_stride, k_row, scale_row_stride, block_table.stride(0), vec)
+    if (kv_ptr | block_stride | k_ptr | k_row | s_ptr | scale_row_stride) & 3:
+        v.aligned("kv_cache", "data pointer", kv_ptr)
+        v.aligned("kv_cache", "stride(0)", block_stride)
+        v.aligned("dst_k", "data pointer", k_ptr)
+        v.aligned("dst_k", "stride(0)", k_row)
+        v.aligned("dst_scale", "data pointer", s_ptr)
+        v.aligned("dst_scale", "row stride in bytes", scale_row_stride)
+    low = kv_ptr | block_stride | head_dim | k_ptr | k_row
+    vec = 16 if not low & 15 else (8 if not low & 7 else 4)
+    return GatherPlan(device, num_tokens, head_dim, scale_words, batch, max_blocks, num_blocks, block_size,
+                      block_stride, k_row, scale_row_stride, bt_row, vec,
+                      kv_ptr, k_ptr, s_ptr, block_table.data_ptr(), cu_seq_lens.data_ptr())
 
 
 def _tokens_per_cta(head_dim: int) -> int:
     return max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
+
+
+_TOKENS_PER_CTA = {hd: _tokens_per_cta(hd) for hd in (64, 128, 256, 512)}
+_kernels: dict[int, dict[int, int]] = {}  # device -> vector width -> CUfunction
 
 
 def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,
@@ -155,20 +197,21 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     ValueError on malformed ``cu_seq_lens`` or block ids before writing anything.
     """
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
-    if kv_cache.device.type == "cpu":
+    device = plan.device
+    if device < 0:
         gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
         return
     if plan.num_tokens == 0 or plan.batch == 0:
         return
-    device = kv_cache.device.index
-    stream = torch.cuda.current_stream(device).cuda_stream
-    fn = registry.functions(GATHER, device, stream)[f"gather_indexer_k_v{plan.vec}"]
-    tpc = _tokens_per_cta(plan.head_dim)
-    grid = (plan.num_tokens + tpc - 1) // tpc
-    err = debug_check.error_buffer(kv_cache.device) if settings.debug_enabled() else None
-    launcher.launch(device, fn, grid, stream, PARAMS, (
-        kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr(), block_table.data_ptr(),
-        cu_seq_lens.data_ptr(), 0 if err is None else err.data_ptr(),
+    stream = current_stream(device)
+    fns = _kernels.get(device)
+    if fns is None:
+        by_name = registry.functions(GATHER, device, stream)
+        fns = _kernels[device] = {vec: by_name[f"gather_indexer_k_v{vec}"] for vec in (16, 8, 4)}
+    tpc = _TOKENS_PER_CTA[plan.head_dim] if plan.head_dim in _TOKENS_PER_CTA else _tokens_per_cta(plan.head_dim)
+    err = debug_check.error_buffer(device) if settings.debug_enabled() else None
+    launcher.launch(device, fns[plan.vec], (plan.num_tokens + tpc - 1) // tpc, stream, PARAMS, (
+        plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr, 0 if err is None else err.data_ptr(),
         plan.block_stride, plan.dst_k_row_stride, plan.dst_scale_row_stride, plan.bt_row_stride,
         plan.num_tokens, plan.batch, plan.max_blocks, plan.num_blocks, plan.block_size, plan.head_dim,
         plan.scale_words, tpc))

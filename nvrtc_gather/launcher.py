@@ -15,35 +15,39 @@ from .kernels import THREADS_PER_BLOCK
 
 _tls = threading.local()
 _PARAM_BYTES = 4096  # the driver's limit for kernel parameters
+_contexts: dict[int, int] = {}  # device -> primary context handle
 
 
-def _param_buffer():
-    """(buffer, address of a void*[1] pointing at it), one pair per thread: launches from
-    several threads never share parameter memory (the driver copies it at launch)."""
-    b = getattr(_tls, "params", None)
-    if b is None:
+def _thread_state():
+    """Per-thread parameter buffer, the void*[1] pointing at it, and a slot for
+    cuCtxGetCurrent: launches from several threads never share parameter memory (the
+    driver copies it at launch, so reuse within a thread is safe, graph capture included)."""
+    st = getattr(_tls, "state", None)
+    if st is None:
         buf = ctypes.create_string_buffer(_PARAM_BYTES)
         arr = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        b = _tls.params = (buf, ctypes.addressof(arr), arr)
-    return b
+        cur = ctypes.c_void_p()
+        st = _tls.state = (buf, ctypes.addressof(arr), cur, ctypes.byref(cur), arr)
+    return st
 
 
 def launch(device: int, function: int, grid: int, stream: int, layout: struct.Struct, values: tuple) -> None:
     """Launch ``function`` (a CUfunction of ``device``'s primary context) with a 1-D grid of
     ``grid`` blocks of THREADS_PER_BLOCK threads on ``stream`` (a raw CUstream handle)."""
     raw = driver.raw()
-    buf, params, _keep = _param_buffer()
+    buf, params, cur, cur_ref, _keep = _thread_state()
     layout.pack_into(buf, 0, *values)
-    ctx = driver.primary_context(device)
-    cur = ctypes.c_void_p()
-    raw.ctx_get_current(ctypes.byref(cur))
-    pushed = cur.value != ctx
-    if pushed:  # e.g. tensors on cuda:1 while cuda:0 is current, or a thread that never used CUDA
-        driver.check(raw.ctx_push(ctx), "cuCtxPushCurrent")
-    try:
+    ctx = _contexts.get(device)
+    if ctx is None:
+        ctx = _contexts.setdefault(device, driver.primary_context(device))
+    raw.ctx_get_current(cur_ref)
+    if cur.value == ctx:
         rc = raw.launch(function, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, params, None)
-    finally:
-        if pushed:
-            raw.ctx_pop(ctypes.byref(cur))
+    else:  # tensors on another device than the current one, or a thread that never used CUDA
+        driver.check(raw.ctx_push(ctx), "cuCtxPushCurrent")
+        try:
+            rc = raw.launch(function, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, params, None)
+        finally:
+            raw.ctx_pop(cur_ref)
     if rc:
         raise CudaError("cuLaunchKernel", rc, driver.error_name(rc))

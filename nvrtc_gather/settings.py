@@ -34,5 +34,6 @@ def disk_cache_enabled() -> bool:
 
 def debug_enabled() -> bool:
     """NVRTC_GATHER_DEBUG=1: GPU kernels check their indices and the op raises on bad ones.
-    This synchronises with the device after each call; for debugging only."""
-    return _flag(DEBUG_ENV)
+    This synchronises with the device after each call; for debugging only.
+    Read on every op call, so it is kept to one dictionary lookup when unset."""
+    return bool(os.environ.get(DEBUG_ENV)) and _flag(DEBUG_ENV)
