@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install nvrtc_gather with what its tests need.
+#   TORCH_SPEC  the torch to install (default torch==2.13.0; on a GPU machine use your
+#               CUDA build, e.g. TORCH_SPEC=torch, or an index URL via PIP_EXTRA_INDEX_URL)
+#   VENV        where to put the environment (default .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# torch first and pinned, so the package's "torch>=2.4" is already met and never pulls a
+# multi-GB CUDA build onto a machine without a GPU.
+"$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+"$VENV/bin/python" -m pip install -q -e ".[test]"
+echo "installed into $VENV: $("$VENV/bin/python" -c 'import torch, nvrtc_gather; print("nvrtc_gather", nvrtc_gather.__version__, "torch", torch.__version__)')"
