@@ -40,6 +40,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     __shared__ i64 s_src[NG_THREADS];  // byte offset of the row's fp8 values, -1 = skip
     __shared__ i64 s_ssrc[NG_THREADS]; // byte offset of the row's scales
     __shared__ int s_req[2];
+    __shared__ int s_total;            // cu_seq_lens[batch]
 
     const int tid = threadIdx.x;
     const i32* cu = p.cu_seq_lens;
@@ -63,6 +64,8 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     if (tid < 64) {
         const int r = warp_find_request(cu, p.batch, tid < 32 ? row0 : end - 1);
         if ((tid & 31) == 0) s_req[tid >> 5] = r;
+    } else if (tid == 64) {
+        s_total = __ldg(cu + p.batch);  // in flight with the search, not after it
     }
     __syncthreads();
 
@@ -76,12 +79,18 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         const int r = lo;
         i64 src = -1, ssrc = -1;
         const int start = __ldg(cu + r);
-        if (start <= row && row < __ldg(cu + r + 1)) {
+        const int stop = r + 1 == p.batch ? s_total : __ldg(cu + r + 1);
+        // Request 0 starts at row 0 by contract, so its block_table entry can be loaded
+        // alongside cu[0] instead of after it: one DRAM round trip less before the data
+        // loads of a single-request batch. Used only once cu[0] == 0 is confirmed.
+        const int j0 = row / p.block_size;
+        const int b0 = (r == 0 && j0 < p.max_blocks) ? __ldg(p.block_table + j0) : -1;
+        if (start <= row && row < stop) {
             const int pos = row - start;
             const int j = pos / p.block_size;
             const int t = pos - j * p.block_size;
             if (j < p.max_blocks) {
-                const int b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+                const int b = (r == 0 && start == 0) ? b0 : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
                 if (b >= 0 && b < p.num_blocks) {
                     const i64 base = (i64)b * p.block_stride;
                     src = base + (i64)t * p.head_dim;
@@ -92,13 +101,29 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             } else {
                 ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
             }
-        } else if (row < __ldg(cu + p.batch)) {  // rows past the total are the untouched tail
+        } else if (row < s_total) {  // rows past the total are the untouched tail
             ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
         }
         s_src[tid] = src;
         s_ssrc[tid] = ssrc;
     }
     __syncthreads();
+
+    // Scales first: this thread's first scale word is loaded before any store is issued,
+    // so its DRAM round trip overlaps the fp8 loads instead of following them (the
+    // compiler may not move a load above a store that could alias it).
+    const int nwords = n * p.scale_words;
+    u32 sw = 0;
+    i64 sdst = -1;
+    if (tid < nwords) {
+        const int t = tid / p.scale_words;
+        const int w = tid - t * p.scale_words;
+        const i64 src = s_ssrc[t];
+        if (src >= 0) {
+            sw = __ldg(reinterpret_cast<const u32*>(p.kv_cache + src) + w);
+            sdst = (i64)(row0 + t) * p.dst_scale_row_stride + (i64)w * 4;
+        }
+    }
 
     // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt.
     const int vpt = p.head_dim / KVEC;
@@ -126,9 +151,9 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         }
     }
 
-    // Scales: scale_words 4-byte words per token (alignment checked on the host).
-    const int nwords = n * p.scale_words;
-    for (int i = tid; i < nwords; i += NG_THREADS) {
+    if (sdst >= 0) *reinterpret_cast<u32*>(p.dst_scale + sdst) = sw;
+    // The rest of the scale words (only when a block's tokens have more than NG_THREADS).
+    for (int i = tid + NG_THREADS; i < nwords; i += NG_THREADS) {
         const int t = i / p.scale_words;
         const int w = i - t * p.scale_words;
         const i64 src = s_ssrc[t];

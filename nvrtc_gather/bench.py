@@ -172,7 +172,6 @@ def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
-    saved = dict(gather._TOKENS_PER_CTA)
     out = []
     try:
         for batch, mean in WORKLOADS:
@@ -180,14 +179,13 @@ def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
             k, s = w.outputs()
             row = {"workload": w.name}
             for tpc in values:
-                gather._TOKENS_PER_CTA[HEAD_DIM] = tpc
+                gather._TPC_OVERRIDE = tpc
                 row[tpc] = time_gpu(lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu),
                                     flush, reps)
             out.append(row)
             print(f"{w.name:>12} " + " ".join(f"{row[t]:8.1f}" for t in values), flush=True)
     finally:
-        gather._TOKENS_PER_CTA.clear()
-        gather._TOKENS_PER_CTA.update(saved)
+        gather._TPC_OVERRIDE = 0
     return out
 
 
@@ -202,23 +200,27 @@ def host_cost(calls: int = 10000) -> dict:
     b = torch.empty(1024, device="cuda")
     plan = gather.plan_gather
 
-    def per_call(fn, *fargs):
+    def per_call(fn, *fargs, burst=250):
+        """Median ns of single calls, in bursts with a sync between them (untimed), so the
+        GPU's launch queue never fills: a full queue would make the host wait for the GPU
+        and measure kernel time instead of host cost."""
         for _ in range(200):
             fn(*fargs)
         torch.cuda.synchronize()
         t = []
         clock = time.perf_counter_ns
-        for _ in range(calls):
-            t0 = clock()
-            fn(*fargs)
-            t.append(clock() - t0)
-        torch.cuda.synchronize()
+        while len(t) < calls:
+            for _ in range(burst):
+                t0 = clock()
+                fn(*fargs)
+                t.append(clock() - t0)
+            torch.cuda.synchronize()
         return statistics.median(t) / 1000.0
 
     dev = torch.cuda.current_device()
     p = plan(*args)
     fn = gather._kernels[dev][p.vec]
-    tpc = gather._tokens_per_cta(p.head_dim)
+    tpc = gather.tokens_per_cta(p.head_dim, p.num_tokens, driver.sm_count(dev))
     values = (p.kv_ptr, p.k_ptr, p.s_ptr, p.bt_ptr, p.cu_ptr, 0, p.block_stride, p.dst_k_row_stride,
               p.dst_scale_row_stride, p.bt_row_stride, p.num_tokens, p.batch, p.max_blocks, p.num_blocks,
               p.block_size, p.head_dim, p.scale_words, tpc)

@@ -97,6 +97,13 @@ def capability(ordinal: int) -> int:
     return int(major) * 10 + int(minor)
 
 
+@lru_cache(maxsize=None)
+def sm_count(ordinal: int) -> int:
+    drv = _bindings()
+    a = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(check(drv.cuDeviceGetAttribute(a, _device(ordinal)), "cuDeviceGetAttribute"))
+
+
 def device_name(ordinal: int) -> str:
     raw = check(_bindings().cuDeviceGetName(256, _device(ordinal)), "cuDeviceGetName")
     return raw.split(b"\0", 1)[0].decode()

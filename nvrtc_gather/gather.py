@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import debug_check, launcher, registry, settings
+from . import debug_check, driver, launcher, registry, settings
 from .streams import current_stream
 from . import validation as v
 from .gather_torch import gather_torch
@@ -174,11 +174,19 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
                       kv_ptr, k_ptr, s_ptr, block_table.data_ptr(), cu_seq_lens.data_ptr())
 
 
-def _tokens_per_cta(head_dim: int) -> int:
-    return max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
+def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
+    """Rows per thread block: enough bytes per block to keep loads in flight, but small
+    calls are spread over every SM (about 2 blocks each), since latency bounds them."""
+    if _TPC_OVERRIDE:
+        return _TPC_OVERRIDE
+    most = max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
+    spread = -(-num_tokens // (2 * sm_count))
+    return max(1, min(most, max(_MIN_TOKENS_PER_CTA, spread)))
 
 
-_TOKENS_PER_CTA = {hd: _tokens_per_cta(hd) for hd in (64, 128, 256, 512)}
+_MIN_TOKENS_PER_CTA = 8
+_TPC_OVERRIDE = 0  # benchmarks only: force a value
+_sm_counts: dict[int, int] = {}
 _kernels: dict[int, dict[int, int]] = {}  # device -> vector width -> CUfunction
 
 
@@ -208,7 +216,8 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if fns is None:
         by_name = registry.functions(GATHER, device, stream)
         fns = _kernels[device] = {vec: by_name[f"gather_indexer_k_v{vec}"] for vec in (16, 8, 4)}
-    tpc = _TOKENS_PER_CTA[plan.head_dim] if plan.head_dim in _TOKENS_PER_CTA else _tokens_per_cta(plan.head_dim)
+    sms = _sm_counts.get(device) or _sm_counts.setdefault(device, driver.sm_count(device))
+    tpc = tokens_per_cta(plan.head_dim, plan.num_tokens, sms)
     err = debug_check.error_buffer(device) if settings.debug_enabled() else None
     launcher.launch(device, fns[plan.vec], (plan.num_tokens + tpc - 1) // tpc, stream, PARAMS, (
         plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr, 0 if err is None else err.data_ptr(),
