@@ -1,5 +1,5 @@
 // Parameters of the gather kernels, passed by value as one struct. The host packs it
-// with nvrtc_gather/gather.py: PARAMS ("<6Q4q8i"); keep the two in the same order.
+// with nvrtc_gather/gather.py: PARAMS ("<5Q4q8iQ"), filled from GatherPlan's fields in this order; keep the two in the same order.
 #pragma once
 #include "common.cuh"
 
@@ -9,7 +9,6 @@ struct GatherParams {
     u8* dst_scale;             // row i at dst_scale + i * dst_scale_row_stride
     const i32* block_table;    // request r at block_table + r * bt_row_stride
     const i32* cu_seq_lens;    // batch + 1 entries
-    i64* error;                // debug mode only, else null
     i64 block_stride;          // bytes
     i64 dst_k_row_stride;      // bytes
     i64 dst_scale_row_stride;  // bytes
@@ -22,4 +21,5 @@ struct GatherParams {
     i32 head_dim;              // fp8 bytes per token
     i32 scale_words;           // fp32 scales per token (head_dim / quant_block_size)
     i32 tokens_per_cta;        // <= NG_THREADS
+    i64* error;                // debug mode only, else null
 };

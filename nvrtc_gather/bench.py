@@ -9,6 +9,7 @@ fresh process, cold compile. Writes a table, JSON and a PNG chart."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import math
@@ -107,10 +108,7 @@ def _baseline(w: Workload, k, s):
     fn = registry.functions(BASELINE_LINEAR_SCAN, dev)["baseline_linear_scan"]
     p = gather.plan_gather(w.kv, k, s, w.block_table, w.cu)
     per = THREADS_PER_BLOCK // 32
-    launcher.launch(dev, fn, (p.num_tokens + per - 1) // per, torch.cuda.current_stream().cuda_stream, gather.PARAMS, (
-        w.kv.data_ptr(), k.data_ptr(), s.data_ptr(), w.block_table.data_ptr(), w.cu.data_ptr(), 0,
-        p.block_stride, p.dst_k_row_stride, p.dst_scale_row_stride, p.bt_row_stride,
-        p.num_tokens, p.batch, p.max_blocks, p.num_blocks, p.block_size, p.head_dim, p.scale_words, 0))
+    launcher.launch(dev, fn, (p.num_tokens + per - 1) // per, current_stream(dev), gather.PARAMS, p[2:] + (0,))
 
 
 def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
@@ -189,6 +187,12 @@ def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
     return out
 
 
+def _metadata_reads(*tensors):
+    """Only the tensor attribute reads validation cannot avoid: its floor."""
+    return [(isinstance(t, torch.Tensor), t.dtype, t.shape, t.stride(), t.data_ptr(), t.get_device(), t.is_cuda)
+            for t in tensors]
+
+
 def host_cost(calls: int = 10000) -> dict:
     """Median ns per call of the full Python op (validation included), back to back, on
     the smallest workload; torch's copy_ of a small tensor measured the same way."""
@@ -220,21 +224,23 @@ def host_cost(calls: int = 10000) -> dict:
     dev = torch.cuda.current_device()
     p = plan(*args)
     fn = gather._kernels[dev][p.vec]
-    tpc = gather.tokens_per_cta(p.head_dim, p.num_tokens, driver.sm_count(dev))
-    values = (p.kv_ptr, p.k_ptr, p.s_ptr, p.bt_ptr, p.cu_ptr, 0, p.block_stride, p.dst_k_row_stride,
-              p.dst_scale_row_stride, p.bt_row_stride, p.num_tokens, p.batch, p.max_blocks, p.num_blocks,
-              p.block_size, p.head_dim, p.scale_words, tpc)
+    tpc = p.tokens_per_cta
+    values = p[2:] + (0,)
     stream = current_stream(dev)
     grid = (p.num_tokens + tpc - 1) // tpc
     raw = driver.raw()
     buf, params, cur, cur_ref, _ = launcher._thread_state()
     launch = launcher.launch
+    cfg = driver.LaunchConfig(grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, None, 0)
+    cfg_addr = ctypes.addressof(cfg)
     return {
         "op_us": per_call(op, *args),
         "validation_only_us": per_call(plan, *args),
+        "metadata_reads_us": per_call(_metadata_reads, *args),
         "current_stream_us": per_call(current_stream, dev),
         "launcher_us": per_call(launch, dev, fn, grid, stream, gather.PARAMS, values),
         "raw_cuLaunchKernel_us": per_call(raw.launch, fn, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, params, None),
+        "raw_cuLaunchKernelEx_us": per_call(raw.launch_ex, cfg_addr, fn, params, None),
         "cuCtxGetCurrent_us": per_call(raw.ctx_get_current, cur_ref),
         "pack_us": per_call(gather.PARAMS.pack_into, buf, 0, *values),
         "torch_copy_us": per_call(a.copy_, b),

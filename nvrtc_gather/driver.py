@@ -17,13 +17,27 @@ _DRIVER_HINT = (
     "on a machine without a GPU only the CPU path of the ops and the compiler work"
 )
 
-# Hints for CUresults a user can act on.
+# Hints for CUresults a user can act on. A freshly compiled image that will not load is
+# almost always NVRTC newer than the driver; `nvrtc-gather info` shows both versions.
+_VERSION_HINT = ("if `nvrtc-gather info` shows the driver's CUDA version older than NVRTC's, upgrade the NVIDIA "
+                 "driver or install nvidia-cuda-nvrtc of the driver's CUDA major version (e.g. "
+                 "pip install 'nvidia-cuda-nvrtc==12.*' for a CUDA 12 driver); a damaged cached image is "
+                 "replaced automatically, and `nvrtc-gather cache clear` removes them all")
 _HINTS = {
+    200: "the driver rejected the kernel image: " + _VERSION_HINT,  # INVALID_IMAGE
+    209: "no kernel image for this GPU: " + _VERSION_HINT,  # NO_BINARY_FOR_GPU
+    218: "the driver rejected the PTX: " + _VERSION_HINT,  # INVALID_PTX
     222: "the driver is older than the NVRTC that produced this PTX: upgrade the NVIDIA driver, or install "
-         "an nvidia-cuda-nvrtc release matching the driver's CUDA version",  # UNSUPPORTED_PTX_VERSION
-    209: "no kernel image for this GPU: clear the kernel cache (nvrtc-gather cache clear)",  # NO_BINARY_FOR_GPU
-    218: "the kernel image is invalid: clear the kernel cache (nvrtc-gather cache clear)",  # INVALID_PTX
-    35: "the NVIDIA driver is older than cuda-bindings needs: upgrade the driver",  # INSUFFICIENT_DRIVER
+         "an nvidia-cuda-nvrtc release matching the driver's CUDA version (see `nvrtc-gather info`)",  # UNSUPPORTED_PTX_VERSION
+    221: "this GPU is newer than NVRTC, so its kernels are PTX for the driver to JIT-compile, and the driver "
+         "cannot: install an nvidia-cuda-nvrtc release that supports this GPU",  # JIT_COMPILER_NOT_FOUND
+    223: "this GPU is newer than NVRTC, so its kernels are PTX for the driver to JIT-compile, and JIT is "
+         "disabled (CUDA_DISABLE_JIT?): install an nvidia-cuda-nvrtc release that supports this GPU",  # JIT_COMPILATION_DISABLED
+    34: "the libcuda.so found is the CUDA toolkit's stub, not the driver: install the NVIDIA driver, or fix "
+        "LD_LIBRARY_PATH so the driver's libcuda.so.1 comes first",  # STUB_LIBRARY
+    36: "the NVIDIA driver is older than cuda-bindings needs: upgrade the driver, or install cuda-bindings of "
+        "the driver's CUDA major version (see `nvrtc-gather info`)",  # CALL_REQUIRES_NEWER_DRIVER
+    803: "the NVIDIA kernel module and libcuda.so.1 are different versions: reinstall the driver or reboot",  # SYSTEM_DRIVER_MISMATCH
     100: "no CUDA-capable GPU is visible (check CUDA_VISIBLE_DEVICES)",  # NO_DEVICE
 }
 
@@ -139,6 +153,17 @@ def stream_is_capturing(stream: int) -> bool:
     return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig, for cuLaunchKernelEx."""
+
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint),
+    ]
+
+
 class _Raw:
     """Raw driver entry points for the hot path, resolved once through cuGetProcAddress."""
 
@@ -157,6 +182,7 @@ class _Raw:
         self.ctx_get_current = resolve("cuCtxGetCurrent", i, ctypes.POINTER(vp))
         self.ctx_push = resolve("cuCtxPushCurrent", i, vp)
         self.ctx_pop = resolve("cuCtxPopCurrent", i, ctypes.POINTER(vp))
+        self.launch_ex = resolve("cuLaunchKernelEx", i, vp, vp, vp, vp)
 
 
 @lru_cache(maxsize=None)

@@ -22,34 +22,37 @@ _K_DTYPES = (_FP8, torch.uint8)
 _SCALE_DTYPES = (torch.uint8, torch.float32)
 _U8, _I32 = torch.uint8, torch.int32
 
-# Mirrors struct GatherParams in cuda_src/gather_indexer_k.cu (6 pointers, 4 int64, 8 int32).
-PARAMS = struct.Struct("<6Q4q8i")
+# Mirrors struct GatherParams in cuda_src/gather_params.cuh: 5 pointers, 4 int64, 8 int32,
+# the debug error pointer. Packed from GatherPlan[2:] + (error pointer,).
+PARAMS = struct.Struct("<5Q4q8iQ")
 
 # Bytes of fp8 values one thread block copies: 16 KiB keeps 4 16-byte loads in flight per thread.
 _BYTES_PER_CTA = 16384
 
 
 class GatherPlan(NamedTuple):
-    """Sizes, byte strides and pointers of one validated call."""
+    """One validated call. Fields from kv_ptr on are the kernel's parameters in struct
+    order (cuda_src/gather_params.cuh), so launching packs ``plan[2:]`` as it is."""
 
     device: int               # CUDA ordinal, -1 for CPU
-    num_tokens: int
-    head_dim: int
-    scale_words: int          # fp32 scales per token
-    batch: int
-    max_blocks: int
-    num_blocks: int
-    block_size: int
-    block_stride: int         # bytes between cache blocks
-    dst_k_row_stride: int     # bytes
-    dst_scale_row_stride: int  # bytes
-    bt_row_stride: int        # elements
     vec: int                  # bytes per fp8 load/store on the GPU
     kv_ptr: int
     k_ptr: int
     s_ptr: int
     bt_ptr: int
     cu_ptr: int
+    block_stride: int         # bytes between cache blocks
+    dst_k_row_stride: int     # bytes
+    dst_scale_row_stride: int  # bytes
+    bt_row_stride: int        # elements
+    num_tokens: int
+    batch: int
+    max_blocks: int
+    num_blocks: int
+    block_size: int
+    head_dim: int
+    scale_words: int          # fp32 scales per token
+    tokens_per_cta: int       # rows per thread block (0 on CPU)
 
 
 def _named(*tensors):
@@ -169,9 +172,13 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
         v.aligned("dst_scale", "row stride in bytes", scale_row_stride)
     low = kv_ptr | block_stride | head_dim | k_ptr | k_row
     vec = 16 if not low & 15 else (8 if not low & 7 else 4)
-    return GatherPlan(device, num_tokens, head_dim, scale_words, batch, max_blocks, num_blocks, block_size,
-                      block_stride, k_row, scale_row_stride, bt_row, vec,
-                      kv_ptr, k_ptr, s_ptr, block_table.data_ptr(), cu_seq_lens.data_ptr())
+    tpc = 0
+    if device >= 0:
+        sms = _sm_counts.get(device) or _sm_counts.setdefault(device, driver.sm_count(device))
+        tpc = tokens_per_cta(head_dim, num_tokens, sms)
+    return GatherPlan(device, vec, kv_ptr, k_ptr, s_ptr, block_table.data_ptr(), cu_seq_lens.data_ptr(),
+                      block_stride, k_row, scale_row_stride, bt_row, num_tokens, batch, max_blocks, num_blocks,
+                      block_size, head_dim, scale_words, tpc)
 
 
 def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
@@ -216,13 +223,10 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if fns is None:
         by_name = registry.functions(GATHER, device, stream)
         fns = _kernels[device] = {vec: by_name[f"gather_indexer_k_v{vec}"] for vec in (16, 8, 4)}
-    sms = _sm_counts.get(device) or _sm_counts.setdefault(device, driver.sm_count(device))
-    tpc = tokens_per_cta(plan.head_dim, plan.num_tokens, sms)
-    err = debug_check.error_buffer(device) if settings.debug_enabled() else None
-    launcher.launch(device, fns[plan.vec], (plan.num_tokens + tpc - 1) // tpc, stream, PARAMS, (
-        plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr, 0 if err is None else err.data_ptr(),
-        plan.block_stride, plan.dst_k_row_stride, plan.dst_scale_row_stride, plan.bt_row_stride,
-        plan.num_tokens, plan.batch, plan.max_blocks, plan.num_blocks, plan.block_size, plan.head_dim,
-        plan.scale_words, tpc))
-    if err is not None:
-        debug_check.raise_if_set(err, "cp_gather_indexer_k_quant_cache")
+    grid = (plan.num_tokens + plan.tokens_per_cta - 1) // plan.tokens_per_cta
+    if not settings.debug_enabled():
+        launcher.launch(device, fns[plan.vec], grid, stream, PARAMS, plan[2:] + (0,))
+        return
+    err = debug_check.error_buffer(device)
+    launcher.launch(device, fns[plan.vec], grid, stream, PARAMS, plan[2:] + (err.data_ptr(),))
+    debug_check.raise_if_set(err, "cp_gather_indexer_k_quant_cache")
