@@ -4,7 +4,10 @@
 // Work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
 //  1. Two warps find the requests owning the first and last of those rows by a
 //     32-ary search of cu_seq_lens (ceil(log32(batch)) dependent loads instead
-//     of vLLM's scan over every request).
+//     of vLLM's scan over every request). Meanwhile the other warps fetch what
+//     needs no search: a small block_table whole, or for a single request each
+//     row's entry directly. Small calls are latency-bound: every dependent DRAM
+//     round trip removed here shows in their time.
 //  2. One thread per row narrows to its own request inside that small range,
 //     checks every index, and parks the row's source byte offsets in shared
 //     memory (-1 = skip the row).
@@ -15,6 +18,7 @@
 #include "gather_params.cuh"
 
 #define NG_UNROLL 4
+#define NG_SMALL_TABLE 1024  // block_table entries copied to shared memory whole (4 KiB)
 
 // Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing
 // (with a malformed cu the answer is still in range; callers re-check it).
@@ -41,6 +45,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     __shared__ i64 s_ssrc[NG_THREADS]; // byte offset of the row's scales
     __shared__ int s_req[2];
     __shared__ int s_total;            // cu_seq_lens[batch]
+    __shared__ int s_bt[NG_SMALL_TABLE]; // the whole block_table when it is this small
 
     const int tid = threadIdx.x;
     const i32* cu = p.cu_seq_lens;
@@ -61,12 +66,26 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
 
+    // Everything below up to the barrier is independent, so it costs one DRAM round trip:
+    // the two searches, the total, and whatever of block_table can be fetched without
+    // knowing the rows' requests yet.
+    const bool small_table = p.batch > 1 && (i64)p.batch * p.max_blocks <= NG_SMALL_TABLE;
     if (tid < 64) {
         const int r = warp_find_request(cu, p.batch, tid < 32 ? row0 : end - 1);
         if ((tid & 31) == 0) s_req[tid >> 5] = r;
-    } else if (tid == 64) {
-        s_total = __ldg(cu + p.batch);  // in flight with the search, not after it
+    } else {
+        if (tid == 64) s_total = __ldg(cu + p.batch);
+        if (small_table) {  // a small block_table goes to shared memory whole
+            for (int i = tid - 64; i < p.batch * p.max_blocks; i += NG_THREADS - 64) {
+                const int r = i / p.max_blocks;
+                s_bt[i] = __ldg(p.block_table + (i64)r * p.bt_row_stride + (i - r * p.max_blocks));
+            }
+        }
     }
+    // One request: its rows start at 0 by contract, so each row's block_table entry can be
+    // fetched now; it is used only once cu_seq_lens[0] == 0 is confirmed.
+    const int j0 = (row0 + tid) / p.block_size;
+    const int b0 = (p.batch == 1 && tid < n && j0 < p.max_blocks) ? __ldg(p.block_table + j0) : -1;
     __syncthreads();
 
     if (tid < n) {
@@ -80,17 +99,14 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         i64 src = -1, ssrc = -1;
         const int start = __ldg(cu + r);
         const int stop = r + 1 == p.batch ? s_total : __ldg(cu + r + 1);
-        // Request 0 starts at row 0 by contract, so its block_table entry can be loaded
-        // alongside cu[0] instead of after it: one DRAM round trip less before the data
-        // loads of a single-request batch. Used only once cu[0] == 0 is confirmed.
-        const int j0 = row / p.block_size;
-        const int b0 = (r == 0 && j0 < p.max_blocks) ? __ldg(p.block_table + j0) : -1;
         if (start <= row && row < stop) {
             const int pos = row - start;
             const int j = pos / p.block_size;
             const int t = pos - j * p.block_size;
             if (j < p.max_blocks) {
-                const int b = (r == 0 && start == 0) ? b0 : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+                const int b = p.batch == 1 && start == 0 ? b0
+                              : small_table ? s_bt[r * p.max_blocks + j]
+                              : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
                 if (b >= 0 && b < p.num_blocks) {
                     const i64 base = (i64)b * p.block_stride;
                     src = base + (i64)t * p.head_dim;
