@@ -30,6 +30,15 @@ template <> struct Vec<4> { typedef u32 T; };
 #define NG_ERR_CU_TOTAL 6           // cu_seq_lens[-1] > rows of the destination
 #define NG_ERR_SLOT 7               // slot_mapping entry past the cache's last slot
 
+// x / d for x >= 0, d > 0: a shift when d is a power of two (block sizes, vectors
+// per row and scales per row usually are), since integer division costs ~20
+// dependent instructions and these sit on the latency-bound path of small calls.
+struct FastDiv {
+    int d, shift;
+    __device__ __forceinline__ explicit FastDiv(int d_) : d(d_), shift((d_ & (d_ - 1)) == 0 ? __ffs(d_) - 1 : -1) {}
+    __device__ __forceinline__ int operator()(int x) const { return shift >= 0 ? x >> shift : x / d; }
+};
+
 // Record the first error only: err[0] = code, err[1..3] = details.
 // err is null unless debug mode is on.
 __device__ __forceinline__ void ng_report(i64* err, int code, i64 a, i64 b, i64 c) {

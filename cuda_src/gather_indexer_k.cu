@@ -65,6 +65,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     // the first byte moves, which is what a single wave of blocks waits on.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
+    const FastDiv by_block(p.block_size), by_words(p.scale_words);
 
     // Everything below up to the barrier is independent, so it costs one DRAM round trip:
     // the two searches, the total, and whatever of block_table can be fetched without
@@ -84,7 +85,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     }
     // One request: its rows start at 0 by contract, so each row's block_table entry can be
     // fetched now; it is used only once cu_seq_lens[0] == 0 is confirmed.
-    const int j0 = (row0 + tid) / p.block_size;
+    const int j0 = by_block(row0 + tid);
     const int b0 = (p.batch == 1 && tid < n && j0 < p.max_blocks) ? __ldg(p.block_table + j0) : -1;
     __syncthreads();
 
@@ -101,7 +102,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         const int stop = r + 1 == p.batch ? s_total : __ldg(cu + r + 1);
         if (start <= row && row < stop) {
             const int pos = row - start;
-            const int j = pos / p.block_size;
+            const int j = by_block(pos);
             const int t = pos - j * p.block_size;
             if (j < p.max_blocks) {
                 const int b = p.batch == 1 && start == 0 ? b0
@@ -132,7 +133,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     u32 sw = 0;
     i64 sdst = -1;
     if (tid < nwords) {
-        const int t = tid / p.scale_words;
+        const int t = by_words(tid);
         const int w = tid - t * p.scale_words;
         const i64 src = s_ssrc[t];
         if (src >= 0) {
@@ -143,6 +144,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
 
     // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt.
     const int vpt = p.head_dim / KVEC;
+    const FastDiv by_vpt(vpt);
     const int nvec = n * vpt;
     for (int base = tid; base < nvec; base += NG_THREADS * NG_UNROLL) {
         V v[NG_UNROLL];
@@ -152,7 +154,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             const int i = base + u * NG_THREADS;
             dst[u] = -1;
             if (i < nvec) {
-                const int t = i / vpt;
+                const int t = by_vpt(i);
                 const int c = i - t * vpt;
                 const i64 src = s_src[t];
                 if (src >= 0) {
@@ -170,7 +172,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     if (sdst >= 0) *reinterpret_cast<u32*>(p.dst_scale + sdst) = sw;
     // The rest of the scale words (only when a block's tokens have more than NG_THREADS).
     for (int i = tid + NG_THREADS; i < nwords; i += NG_THREADS) {
-        const int t = i / p.scale_words;
+        const int t = by_words(i);
         const int w = i - t * p.scale_words;
         const i64 src = s_ssrc[t];
         if (src >= 0) {

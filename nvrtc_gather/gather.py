@@ -21,6 +21,7 @@ _KV_DTYPES = (torch.uint8, _FP8)
 _K_DTYPES = (_FP8, torch.uint8)
 _SCALE_DTYPES = (torch.uint8, torch.float32)
 _U8, _I32 = torch.uint8, torch.int32
+_is_compiling = torch.compiler.is_compiling
 
 # Mirrors struct GatherParams in cuda_src/gather_params.cuh: 5 pointers, 4 int64, 8 int32,
 # the debug error pointer. Packed from GatherPlan[2:] + (error pointer,).
@@ -211,6 +212,9 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     reported). CPU tensors: a torch implementation with identical results that raises
     ValueError on malformed ``cu_seq_lens`` or block ids before writing anything.
     """
+    if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (torch_ops.py)
+        return torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table,
+                                                                      cu_seq_lens)
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     device = plan.device
     if device < 0:

@@ -217,3 +217,31 @@ def test_second_process_on_warm_cache_compiles_nothing(tmp_path):
     second = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout.split()[-1] == "1" and second.stdout.split()[-1] == "0"
+
+
+@pytest.mark.parametrize("what", ["cu_start", "block_id_high", "total_past_rows"])
+def test_single_request_speculation_never_uses_a_bad_guess(what, monkeypatch):
+    """One request: block ids are fetched before cu_seq_lens[0] is known to be 0."""
+    rng = random.Random(5)
+    c_cpu = make_gather_case(rng, block_size=16, head_dim=128, quant_block_size=128, batch=1, lens=[70],
+                             extra_rows=10, strided=False)
+    c = to_device(c_cpu, "cuda")
+    if what == "cu_start":
+        c.cu_seq_lens[0] = 16  # rows 0..15 belong to nobody; 16.. are request 0's tokens 0..
+    elif what == "block_id_high":
+        c.block_table[0, 2] = 1 << 30
+    else:
+        c.cu_seq_lens[1] = c.dst_k.size(0) + 100
+    ng.cp_gather_indexer_k_quant_cache(*c.args())
+    got = c.dst_k.view(torch.uint8).cpu()
+    k_ref, _ = gather_reference(c_cpu.kv_cache, c_cpu.block_table, c_cpu.cu_seq_lens, c_cpu.dst_k.size(0), 128, 1)
+    if what == "cu_start":
+        assert bool((got[:16] == SENTINEL).all())
+        assert torch.equal(got[16:70], k_ref[:54])
+    elif what == "block_id_high":
+        assert bool((got[32:48] == SENTINEL).all()) and torch.equal(got[:32], k_ref[:32])
+    else:
+        assert torch.equal(got[:70], k_ref[:70])
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    with pytest.raises(ValueError, match="debug mode"):
+        ng.cp_gather_indexer_k_quant_cache(*c.args())
