@@ -2,17 +2,22 @@
 
 Public API:
     cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+    indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
     preload(device=None)   compile/load every kernel now (e.g. before CUDA-graph capture)
 """
 from ._version import __version__
 from .errors import CaptureError, CompileError, CudaError, MissingDependencyError, NvrtcGatherError
 from .gather import cp_gather_indexer_k_quant_cache
+from .quant_cache import indexer_k_quant_and_cache
 from .registry import preload
+from . import torch_ops  # registers torch.ops.nvrtc_gather.*
 
 __all__ = [
     "__version__",
     "cp_gather_indexer_k_quant_cache",
+    "indexer_k_quant_and_cache",
     "preload",
+    "torch_ops",
     "NvrtcGatherError",
     "MissingDependencyError",
     "CompileError",

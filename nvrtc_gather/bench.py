@@ -259,6 +259,7 @@ def host_cost(calls: int = 10000) -> dict:
     cfg_addr = ctypes.addressof(cfg)
     return {
         "op_us": per_call(op, *args),
+        "custom_op_us": per_call(torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache, *args),
         "validation_only_us": per_call(plan, *args),
         "metadata_reads_us": per_call(_metadata_reads, *args),
         "current_stream_us": per_call(current_stream, dev),
@@ -282,8 +283,14 @@ k = torch.empty(1000, 128, dtype=torch.uint8, device="cuda"); s = torch.empty(10
 bt = torch.arange(16, dtype=torch.int32, device="cuda").view(1, 16); cu = torch.tensor([0, 1000], dtype=torch.int32, device="cuda")
 torch.cuda.synchronize()
 t1 = time.perf_counter()
+if PROFILE:
+    import cProfile, pstats, io
+    pr = cProfile.Profile(); pr.enable()
 ng.cp_gather_indexer_k_quant_cache(kv, k, s, bt, cu); torch.cuda.synchronize()
 t2 = time.perf_counter()
+if PROFILE:
+    pr.disable(); out = io.StringIO(); pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(14)
+    print("\n".join(l for l in out.getvalue().splitlines() if l.strip())[-3000:])
 print((t2 - t1) * 1000, registry.stats["compiles"])
 """
 
@@ -293,10 +300,14 @@ def first_calls() -> dict:
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=d)
         out = []
-        for _ in range(3):
-            r = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True, check=True)
+        for i in range(4):
+            code = f"PROFILE = {i == 3}\n" + _FIRST_CALL
+            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             ms, compiles = r.stdout.split()[-2:]
-            out.append((float(ms), int(compiles)))
+            if i == 3:
+                print("profile of a warm first call:\n" + r.stdout)
+            else:
+                out.append((float(ms), int(compiles)))
     target = compiler.pick_target(driver.capability(0))
     t = time.perf_counter()
     compiler.compile_module(gather.GATHER, target)
@@ -355,6 +366,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--loop-max-batch", type=int, default=1024, help="skip the per-request loop above this batch")
     ap.add_argument("--skip-first-calls", action="store_true")
+    ap.add_argument("--skip-quant", action="store_true", help="skip the write-op (indexer_k_quant_and_cache) table")
     ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
     ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
     args = ap.parse_args(argv)
@@ -370,6 +382,16 @@ def main(argv=None) -> int:
     print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us, torch copy_ "
           f"{host['torch_copy_us']:.2f} us; parts: " + ", ".join(
               f"{k[:-3]} {v:.2f}" for k, v in host.items() if k.endswith("_us") and k not in ("op_us", "torch_copy_us")))
+    quant = []
+    if not args.skip_quant:
+        from .bench_quant import bench_quant
+        print(f"{'write op':>36} {'tokens':>9} {'copy us':>10} {'op us':>10} {'op/cp':>7}")
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+        flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+        quant = bench_quant(args.reps, flush, time_gpu)
+        for r in quant:
+            print(f"{r['workload']:>36} {r['tokens']:>9} {r['copy_us']:10.1f} {r['op_us']:10.1f} "
+                  f"{r['op_over_copy']:6.2f}x", flush=True)
     sweep = []
     if args.sweep_tpc:
         values = [int(x) for x in args.sweep_tpc.split(",")]
@@ -380,7 +402,8 @@ def main(argv=None) -> int:
         print(f"first call, fresh process: cold cache {first['cold_first_call_ms']:.0f} ms "
               f"({first['cold_compiles']} compiles), warm cache {first['warm_first_call_ms']:.1f} ms "
               f"({first['warm_compiles']} compiles); NVRTC compile alone {first['nvrtc_compile_ms']:.0f} ms")
-    result = {"environment": env, "workloads": rows, "host_cost": host, "first_call": first, "sweep_tpc": sweep,
+    result = {"environment": env, "workloads": rows, "quant_workloads": quant, "host_cost": host,
+              "first_call": first, "sweep_tpc": sweep,
               "shape": {"head_dim": HEAD_DIM, "quant_block_size": QBS, "block_size": BLOCK_SIZE}}
     if args.tag:
         result["tag"] = args.tag

@@ -25,8 +25,17 @@ GATHER = KernelModule(
     kernels=("gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"),
 )
 
+# --fmad=false: no a*b+c contraction; --ftz=false: subnormals kept (the default, made explicit).
+# Together they keep the kernel's fp32 arithmetic exactly the torch path's.
+QUANT = KernelModule(
+    name="quant_cache",
+    source="quant_cache.cu",
+    kernels=tuple(f"quant_cache_{t}_{v}" for t in ("bf16", "f16", "f32") for v in ("v16", "v8", "any")),
+    options=("--fmad=false", "--ftz=false"),
+)
+
 # Every module the package can launch (the warmup tool compiles all of them).
-ALL_MODULES: tuple[KernelModule, ...] = (GATHER,)
+ALL_MODULES: tuple[KernelModule, ...] = (GATHER, QUANT)
 
 # Benchmark-only kernels (scripts/bench.py): compiled and launched through the same path,
 # never by the ops, so not part of ALL_MODULES.

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .gather import cp_gather_indexer_k_quant_cache as _gather
+from .quant_cache import indexer_k_quant_and_cache as _quant
 
 _LIB = "nvrtc_gather"
 
@@ -23,4 +24,15 @@ def cp_gather_indexer_k_quant_cache(kv_cache: Tensor, dst_k: Tensor, dst_scale: 
 
 @cp_gather_indexer_k_quant_cache.register_fake
 def _(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
+    return None
+
+
+@torch.library.custom_op(f"{_LIB}::indexer_k_quant_and_cache", mutates_args=("kv_cache",))
+def indexer_k_quant_and_cache(k: Tensor, kv_cache: Tensor, slot_mapping: Tensor, quant_block_size: int,
+                              scale_fmt: str | None) -> None:
+    _quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
+
+
+@indexer_k_quant_and_cache.register_fake
+def _(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
     return None

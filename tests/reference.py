@@ -114,3 +114,126 @@ def to_device(case: GatherCase, device) -> GatherCase:
         out.copy_(t)
         return out
     return GatherCase(*(move(t) for t in case.args()), case.head_dim, case.scale_words, case.desc)
+
+
+# --- indexer_k_quant_and_cache -------------------------------------------------------------
+
+def quant_reference(k, kv_cache, slot_mapping, quant_block_size, scale_fmt):
+    """The kv_cache bytes (uint8, shape [num_blocks, block_size, cache_stride]) expected after
+    indexer_k_quant_and_cache, token by token from DESIGN.md §2: numpy fp32 arithmetic for
+    amax and scale, math.frexp for the ue8m0 power of two, torch's fp32 -> e4m3 conversion
+    (the spec) for the values. Unwritten bytes keep the input's."""
+    import math
+
+    import numpy as np
+
+    nb, bs, cs = kv_cache.shape
+    out = kv_cache.cpu().view(torch.uint8).contiguous().clone()
+    flat = out.view(-1)
+    hd = k.size(1)
+    qbs = quant_block_size
+    nq = hd // qbs
+    k_cpu = k.cpu()
+    for i, s in enumerate(slot_mapping.cpu().tolist()):
+        if s < 0:
+            continue
+        b, t = divmod(s, bs)
+        base = b * bs * cs
+        row = k_cpu[i].float().numpy().reshape(nq, qbs)
+        for q in range(nq):
+            amax = np.float32(np.abs(row[q]).max())
+            scale = np.float32(max(amax, np.float32(1e-4))) / np.float32(448.0)
+            if scale_fmt == "ue8m0":
+                m, e = math.frexp(float(scale))  # scale = m * 2**e, 0.5 <= m < 1
+                scale = np.float32(2.0 ** (e - 1) if m == 0.5 else 2.0 ** e)
+            vals = torch.from_numpy(row[q] / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+            start = base + t * hd + q * qbs
+            flat[start: start + qbs] = vals
+            sstart = base + bs * hd + 4 * (t * nq + q)
+            flat[sstart: sstart + 4] = torch.from_numpy(np.array([scale], dtype=np.float32).view(np.uint8))
+    return out
+
+
+@dataclass
+class QuantCase:
+    """Arguments of one call; k and kv_cache are views (shape, stride, offset) into larger
+    buffers k_store / kv_store, so guard bytes around and between them can be checked."""
+    k_store: torch.Tensor
+    k_view: tuple
+    kv_store: torch.Tensor
+    kv_view: tuple
+    slot_mapping: torch.Tensor
+    quant_block_size: int
+    scale_fmt: str
+    desc: str
+
+    @property
+    def k(self):
+        return self.k_store.as_strided(*self.k_view)
+
+    @property
+    def kv_cache(self):
+        return self.kv_store.as_strided(*self.kv_view)
+
+    def args(self):
+        return self.k, self.kv_cache, self.slot_mapping, self.quant_block_size, self.scale_fmt
+
+    def to(self, device):
+        return QuantCase(self.k_store.to(device), self.k_view, self.kv_store.to(device), self.kv_view,
+                         self.slot_mapping.to(device), self.quant_block_size, self.scale_fmt, self.desc)
+
+    def outside_cache(self):
+        """Bytes of kv_store that are not part of kv_cache (guards and gaps between blocks)."""
+        mask = torch.ones(self.kv_store.numel(), dtype=torch.bool, device=self.kv_store.device)
+        idx = torch.arange(self.kv_store.numel(), device=self.kv_store.device).as_strided(*self.kv_view)
+        mask[idx.reshape(-1)] = False
+        return self.kv_store[mask]
+
+
+def random_k_values(gen, rows, head_dim, quant_block_size, lo=-7.0, hi=4.0):
+    """fp32 values whose quant blocks span magnitudes 10**lo .. 10**hi (so the 1e-4 floor,
+    e4m3 subnormals and large scales all occur), random signs, never exactly zero."""
+    nq = head_dim // quant_block_size
+    mag = torch.pow(10.0, torch.empty(rows, nq, 1).uniform_(lo, hi, generator=gen))
+    x = torch.randn(rows, nq, quant_block_size, generator=gen) * mag
+    x = torch.where(x == 0, mag, x)
+    return x.view(rows, head_dim)
+
+
+def make_quant_case(rng: random.Random, *, head_dim, quant_block_size, block_size, dtype, scale_fmt,
+                    num_tokens, extra_rows=0, pad_frac=0.2, k_row_pad=0, k_offset=0, block_pad=0,
+                    num_blocks=None, seed=None) -> QuantCase:
+    """A random CPU case: distinct random slots (some -1), k rows past len(slot_mapping)
+    holding NaN/inf (never to be read), the cache and its guard bytes random (never zeros
+    only). k_row_pad / k_offset (elements) make k row-strided / shifted; block_pad (bytes)
+    leaves gaps between cache blocks."""
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62) if seed is None else seed)
+    nq = head_dim // quant_block_size
+    cache_stride = head_dim + 4 * nq + rng.choice([0, 0, 4, 12])
+    need = (num_tokens + block_size - 1) // block_size
+    num_blocks = num_blocks if num_blocks is not None else need + rng.randint(1, 6)
+    num_slots = num_blocks * block_size
+    slots = rng.sample(range(num_slots), num_tokens)
+    slots = [-1 if rng.random() < pad_frac else s for s in slots]
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+
+    rows = num_tokens + extra_rows
+    row_stride = head_dim + k_row_pad
+    k_store = torch.full((k_offset + rows * row_stride + 8,), float("nan"), dtype=torch.float32)
+    lo, hi = (-3.0, 3.5) if dtype == torch.float16 else (-7.0, 4.0)  # inside fp16's range
+    vals = random_k_values(gen, num_tokens, head_dim, quant_block_size, lo, hi)
+    k_store = k_store.to(dtype)
+    k_view = ((rows, head_dim), (row_stride, 1), k_offset)
+    k = k_store.as_strided(*k_view)
+    k[:num_tokens] = vals.to(dtype)
+    if extra_rows:
+        k[num_tokens:, ::2] = float("inf")  # rows past the slots: must never be read
+
+    block_bytes = block_size * cache_stride
+    guard = 64
+    kv_store = torch.randint(0, 256, (2 * guard + num_blocks * (block_bytes + block_pad),), dtype=torch.uint8,
+                             generator=gen)
+    kv_view = ((num_blocks, block_size, cache_stride), (block_bytes + block_pad, cache_stride, 1), guard)
+    desc = (f"hd={head_dim} qbs={quant_block_size} bs={block_size} {dtype} {scale_fmt} T'={num_tokens} "
+            f"extra={extra_rows} k_row_pad={k_row_pad} k_offset={k_offset} block_pad={block_pad} cs={cache_stride}")
+    return QuantCase(k_store, k_view, kv_store, kv_view, slot_mapping, quant_block_size, scale_fmt, desc)

@@ -43,3 +43,21 @@ def test_torch_compile_fullgraph_has_no_graph_break(backend):
     k, s = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 2)
     assert torch.equal(c.dst_k.view(torch.uint8), k) and torch.equal(c.dst_scale.view(torch.uint8), s)
     assert torch.equal(out, s.view(torch.float32).sum())
+
+
+def test_opcheck_and_compile_write_op():
+    from reference import make_quant_case
+    c = make_quant_case(random.Random(3), head_dim=128, quant_block_size=64, block_size=16,
+                        dtype=torch.bfloat16, scale_fmt="ue8m0", num_tokens=40)
+    args = (c.k, c.kv_cache, c.slot_mapping, 64, "ue8m0")
+    torch.library.opcheck(torch.ops.nvrtc_gather.indexer_k_quant_and_cache.default, args)
+    torch._dynamo.reset()
+    expect = c.kv_cache.clone()
+    ng.indexer_k_quant_and_cache(c.k, expect, c.slot_mapping, 64, "ue8m0")
+
+    def write(k, kv, slots):
+        ng.indexer_k_quant_and_cache(k, kv, slots, 64, "ue8m0")
+        return kv.sum()
+
+    torch.compile(write, fullgraph=True, backend="aot_eager")(c.k, c.kv_cache, c.slot_mapping)
+    assert torch.equal(c.kv_cache, expect)
