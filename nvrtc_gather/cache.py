@@ -3,15 +3,17 @@
 Guarantees (none depends on the lock):
 - an entry is published by write-to-temp + fsync + os.replace, so a reader sees a whole
   old entry, a whole new one, or none; a process killed mid-write leaves only a temp
-  file, which no reader ever opens;
-- every read is verified (magic, schema, the key it was stored under, payload length,
-  SHA-256 of the payload) and any failure is a miss: the caller recompiles and replaces;
+  file, which no reader ever opens and which a later ``put`` removes once it is stale;
+- every read is verified (regular file, not a symlink, owned by us, magic, schema, the
+  key it was stored under, payload length, SHA-256 of the payload) and any failure is a
+  miss: the caller recompiles and replaces;
 - only GPU code (cubin/PTX) is stored and read back, never host code;
 - the directory is 0700 and entries 0600; a directory we do not own, or one that others
   may write to (without the sticky bit), is not used: kernels stay in memory, with one
-  warning. So does a read-only or full disk.
+  warning. So does a read-only or full disk. (A group-writable directory is used: an
+  entry someone else wrote is owned by them, and is refused.)
 The lock (flock on ``<entry>.lock``) only stops concurrent processes compiling the same
-entry twice.
+entry twice; a lock that cannot be taken in ``LOCK_TIMEOUT_S`` is skipped.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import os
 import stat
 import struct
 import tempfile
+import threading
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +38,11 @@ SCHEMA = 1
 MAGIC = b"NVRTCGATHER\0"
 _HEADER = struct.Struct("<12sI32sQ32s")  # magic, schema, key digest, payload length, payload sha256
 SUFFIX = ".bin"
+LOCK_SUFFIX = ".lock"
+TMP_SUFFIX = ".tmp"
+MAX_ENTRY_BYTES = 1 << 30       # far above any kernel image; stops us slurping a huge or endless file
+STALE_TMP_S = 15 * 60           # a temp file this old belongs to a writer that died (a write takes ms)
+LOCK_TIMEOUT_S = 60.0           # then compile anyway: a stuck holder must not hang everyone
 
 
 def make_key(fields: Iterable[tuple[str, str | bytes]]) -> str:
@@ -51,24 +60,95 @@ def encode_entry(key: str, payload: bytes) -> bytes:
     return _HEADER.pack(MAGIC, SCHEMA, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()) + payload
 
 
+def entry_problem(key: str, blob: bytes) -> str | None:
+    """Why ``blob`` is not a whole, intact entry stored under ``key`` (None if it is)."""
+    if len(blob) < _HEADER.size:
+        return "empty" if not blob else "truncated header"
+    magic, schema, digest, length, checksum = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        return "not an nvrtc_gather entry"
+    if schema != SCHEMA:
+        return f"schema {schema}, expected {SCHEMA}"
+    try:
+        if digest != bytes.fromhex(key):
+            return "stored under another key"
+    except ValueError:
+        return "bad key"
+    payload = memoryview(blob)[_HEADER.size:]
+    if length != len(payload):
+        return "truncated" if length > len(payload) else "trailing bytes"
+    if hashlib.sha256(payload).digest() != checksum:
+        return "checksum mismatch"
+    return None
+
+
 def decode_entry(key: str, blob: bytes) -> bytes | None:
     """The payload if ``blob`` is a whole, intact entry stored under ``key``; else None."""
-    if len(blob) < _HEADER.size:
+    return None if entry_problem(key, blob) is not None else blob[_HEADER.size:]
+
+
+def parse_entry_name(filename: str) -> tuple[str, str, str] | None:
+    """(module, arch, key) from ``{module}-{arch}-{key}.bin``; None for any other name."""
+    if not filename.endswith(SUFFIX) or filename.startswith("."):
         return None
-    magic, schema, digest, length, checksum = _HEADER.unpack_from(blob)
-    payload = blob[_HEADER.size:]
-    if magic != MAGIC or schema != SCHEMA or digest != bytes.fromhex(key):
+    parts = filename[: -len(SUFFIX)].rsplit("-", 2)
+    if len(parts) != 3 or not all(parts):
         return None
-    if length != len(payload) or hashlib.sha256(payload).digest() != checksum:
+    module, arch, key = parts
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
         return None
-    return payload
+    return module, arch, key
+
+
+def _is_temp_name(filename: str) -> bool:
+    return filename.startswith(".") and filename.endswith(TMP_SUFFIX) and SUFFIX + "." in filename
+
+
+def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
+    """(bytes, None), or (None, why not). Never raises. Does not follow a symlink, opens a
+    FIFO without blocking, refuses anything but a regular file of ours of sane size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "a symbolic link (not followed)"
+        return None, exc.strerror or str(exc)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_uid != os.geteuid():
+            return None, f"owned by uid {st.st_uid}, not by this user"
+        if st.st_size > MAX_ENTRY_BYTES:
+            return None, f"too large ({st.st_size} bytes)"
+        chunks, left = [], MAX_ENTRY_BYTES + 1
+        while left > 0:  # read to EOF: the size may change under us, the checksum decides
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
 class EntryInfo:
+    """One ``*.bin`` file of the cache directory, as ``cache list`` / ``verify`` show it."""
+
     path: Path
     size: int
-    valid: bool
+    module: str | None     # None when the file name is not an entry name
+    arch: str | None
+    key: str | None
+    problem: str | None    # None when the entry is intact
+
+    @property
+    def valid(self) -> bool:
+        return self.problem is None
 
 
 class DiskCache:
@@ -78,85 +158,118 @@ class DiskCache:
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
+        self.problem: str | None = None   # why the directory is not used, once checked
         self._usable: bool | None = None
         self._warned = False
+        self._swept = False
+        self._mutex = threading.Lock()
 
     # -- locating -----------------------------------------------------------------
     def path_for(self, name: str, key: str) -> Path:
         return self.directory / f"{name}-{key}{SUFFIX}"
 
     def _warn(self, why: str) -> None:
-        if not self._warned:
+        with self._mutex:
+            if self._warned:
+                return
             self._warned = True
-            warnings.warn(
-                f"nvrtc_gather: not using the kernel cache at {self.directory} ({why}); "
-                f"kernels are kept in memory only. Set {settings.CACHE_DIR_ENV} to a private "
-                f"writable directory, or {settings.DISABLE_CACHE_ENV}=1 to silence this.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        warnings.warn(
+            f"nvrtc_gather: not using the kernel cache at {self.directory} ({why}); "
+            f"kernels are kept in memory only. Set {settings.CACHE_DIR_ENV} to a private "
+            f"writable directory, or {settings.DISABLE_CACHE_ENV}=1 to silence this.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def usable(self) -> bool:
-        """Create the directory (0700) if needed and check it is safe to trust."""
+        """Create the directory (0700) if needed and check it is safe to trust (once)."""
         if self._usable is None:
-            self._usable = self._check_directory()
+            self.problem = self.directory_problem(create=True)
+            self._usable = self.problem is None
+            if self.problem:
+                self._warn(self.problem)
         return self._usable
 
-    def _check_directory(self) -> bool:
+    def directory_problem(self, create: bool = False) -> str | None:
+        """Why this directory must not be used (None if it may). Follows a symlinked
+        directory and judges its target. Never raises."""
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if create:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             st = self.directory.stat()
+        except FileNotFoundError:
+            return "it does not exist"
         except OSError as exc:
-            self._warn(f"cannot create it: {exc.strerror or exc}")
-            return False
+            return f"cannot create it: {exc.strerror or exc}"
         if not stat.S_ISDIR(st.st_mode):
-            self._warn("it is not a directory")
-            return False
-        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-            self._warn(f"it is owned by uid {st.st_uid}, not by this user")
-            return False
+            return "it is not a directory"
+        if st.st_uid != os.geteuid():
+            return f"it is owned by uid {st.st_uid}, not by this user"
         if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-            self._warn("others may write to it")
-            return False
-        return True
+            return "others may write to it"
+        return None
 
     # -- reading and writing -------------------------------------------------------
     def get(self, name: str, key: str) -> bytes | None:
+        """The verified payload, or None (missing, damaged, foreign, unreadable). Never raises."""
         if not self.usable():
             return None
-        try:
-            blob = self.path_for(name, key).read_bytes()
-        except OSError:
-            return None
-        return decode_entry(key, blob)
+        blob, _ = read_entry_file(self.path_for(name, key))
+        return None if blob is None else decode_entry(key, blob)
 
     def put(self, name: str, key: str, payload: bytes) -> bool:
         """Publish atomically. False (after one warning) when the disk refuses."""
         if not self.usable():
             return False
-        final = self.path_for(name, key)
-        tmp = None
+        self._sweep_stale_temps()
+        for attempt in (1, 2):
+            try:
+                self._publish(self.path_for(name, key), encode_entry(key, payload))
+                return True
+            except FileNotFoundError:  # directory removed under us (or our temp swept): recreate, retry once
+                self._usable = None
+                if attempt == 2 or not self.usable():
+                    self._warn("it disappeared while writing")
+                    return False
+            except OSError as exc:
+                self._warn(exc.strerror or str(exc))  # EROFS, EACCES, ENOSPC, EDQUOT, ...
+                return False
+        return False
+
+    def _publish(self, final: Path, blob: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=TMP_SUFFIX, dir=self.directory)  # 0600
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=self.directory)  # 0600
             with os.fdopen(fd, "wb") as f:
-                f.write(encode_entry(key, payload))
+                f.write(blob)
                 f.flush()
-                os.fsync(f.fileno())
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
             os.replace(tmp, final)
             tmp = None
-            return True
-        except OSError as exc:
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
-                self._warn(exc.strerror or str(exc))
-            else:
-                self._warn(str(exc))
-            return False
         finally:
             if tmp is not None:
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+    def _sweep_stale_temps(self) -> None:
+        """Once per process: remove temp files of writers that died (killed mid-write).
+        A fresh temp file may belong to a live writer, so only old ones go."""
+        if self._swept:
+            return
+        self._swept = True
+        cutoff = time.time() - STALE_TMP_S
+        try:
+            with os.scandir(self.directory) as it:
+                for e in it:
+                    try:
+                        if _is_temp_name(e.name) and e.is_file(follow_symlinks=False) \
+                                and e.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(e.path)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
 
     def discard(self, name: str, key: str) -> None:
         """Remove an entry that decoded but would not load (so the next put replaces it)."""
@@ -166,19 +279,24 @@ class DiskCache:
             pass
 
     @contextmanager
-    def lock(self, name: str, key: str) -> Iterator[None]:
-        """Advisory cross-process lock for one entry; a no-op if it cannot be taken."""
+    def lock(self, name: str, key: str, timeout: float | None = None) -> Iterator[bool]:
+        """Advisory cross-process lock for one entry; yields whether it was taken. Skipped
+        (yields False) if the lock file cannot be opened or is held past ``timeout``."""
+        timeout = LOCK_TIMEOUT_S if timeout is None else timeout
         fd = None
         if self.usable():
             try:
-                fd = os.open(str(self.path_for(name, key)) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fd = os.open(str(self.path_for(name, key)) + LOCK_SUFFIX,
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                if not _flock_with_timeout(fd, timeout):
+                    os.close(fd)
+                    fd = None
             except OSError:
                 if fd is not None:
                     os.close(fd)
                 fd = None
         try:
-            yield
+            yield fd is not None
         finally:
             if fd is not None:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -186,32 +304,65 @@ class DiskCache:
 
     # -- maintenance (CLI) ---------------------------------------------------------
     def entries(self) -> list[EntryInfo]:
+        """Every ``*.bin`` file, each fully verified against the key in its name. Never
+        raises; creates nothing."""
         out = []
-        if not self.directory.is_dir():
+        try:
+            names = sorted(os.listdir(self.directory))
+        except OSError:
             return out
-        for p in sorted(self.directory.glob(f"*{SUFFIX}")):
-            key = p.stem.rsplit("-", 1)[-1]
-            try:
-                blob = p.read_bytes()
-                valid = len(key) == 64 and decode_entry(key, blob) is not None
-                out.append(EntryInfo(p, len(blob), valid))
-            except (OSError, ValueError):
-                out.append(EntryInfo(p, 0, False))
+        for fname in names:
+            if not fname.endswith(SUFFIX) or fname.startswith("."):
+                continue
+            path = self.directory / fname
+            parsed = parse_entry_name(fname)
+            blob, problem = read_entry_file(path)
+            if problem is None and parsed is None:
+                problem = "not an entry name (module-arch-key.bin)"
+            if problem is None:
+                problem = entry_problem(parsed[2], blob)
+            module, arch, key = parsed or (None, None, None)
+            out.append(EntryInfo(path, len(blob) if blob is not None else 0, module, arch, key, problem))
         return out
 
+    def temp_files(self) -> list[Path]:
+        """Leftover temp files (a writer still writing, or one that died)."""
+        try:
+            return [self.directory / n for n in sorted(os.listdir(self.directory)) if _is_temp_name(n)]
+        except OSError:
+            return []
+
     def clear(self) -> int:
-        """Remove every entry, lock and leftover temp file; returns how many files went."""
+        """Remove every entry, lock and leftover temp file; returns how many files went.
+        Leaves the directory and anything else in it alone."""
         n = 0
-        if not self.directory.is_dir():
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
             return n
-        for p in self.directory.iterdir():
-            if p.name.endswith((SUFFIX, ".lock", ".tmp")):
+        for fname in names:
+            if fname.endswith((SUFFIX, LOCK_SUFFIX)) or _is_temp_name(fname):
                 try:
-                    p.unlink()
+                    os.unlink(self.directory / fname)  # a symlink goes, never its target
                     n += 1
                 except OSError:
                     pass
         return n
+
+
+def _flock_with_timeout(fd: int, timeout: float) -> bool:
+    """flock(LOCK_EX), giving up after ``timeout`` seconds (polls, backing off to 50 ms)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 _caches: dict[Path, DiskCache] = {}

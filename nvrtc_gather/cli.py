@@ -1,6 +1,7 @@
 """The ``nvrtc-gather`` command (also ``python -m nvrtc_gather``).
 
-Subcommands: demo, bench. Each lives in its own module; this file only dispatches."""
+Subcommands: demo, bench, warmup, cache, info. Each lives in its own module; this file
+only dispatches."""
 from __future__ import annotations
 
 import sys
@@ -16,9 +17,27 @@ def _bench(argv):
     return main(argv)
 
 
+def _warmup(argv):
+    from .warmup import main
+    return main(argv)
+
+
+def _cache(argv):
+    from .cache_cli import main
+    return main(argv)
+
+
+def _info(argv):
+    from .info import main
+    return main(argv)
+
+
 COMMANDS = {
     "demo": (_demo, "gather a DeepSeek-V3.2-sized cache, check it, print throughput (CPU fallback)"),
     "bench": (_bench, "side-by-side GPU benchmark: op, copy ceiling, baselines (needs a GPU)"),
+    "warmup": (_warmup, "compile every kernel for --arch sm_90 ... / --all / the GPUs present into the disk cache"),
+    "cache": (_cache, "list | verify [--fix] | clear the disk cache of compiled kernels"),
+    "info": (_info, "versions (package, NVRTC, driver, torch), GPUs and their archs, cache state"),
 }
 
 

@@ -13,10 +13,17 @@ from .kernels import KernelModule
 
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
 
-_INSTALL_HINT = (
-    "install NVRTC for Python: pip install cuda-bindings nvidia-cuda-nvrtc "
-    "(the nvidia-cuda-nvrtc major version must match cuda-bindings')"
-)
+
+def _install_hint() -> str:
+    """What to install, naming the nvidia-cuda-nvrtc major that the installed cuda-bindings loads."""
+    hint = ("install NVRTC for Python: pip install cuda-bindings nvidia-cuda-nvrtc "
+            "(the nvidia-cuda-nvrtc major version must match cuda-bindings')")
+    try:
+        from importlib.metadata import version
+        major = version("cuda-bindings").split(".")[0]
+        return f"{hint}; cuda-bindings {version('cuda-bindings')} is installed: pip install 'nvidia-cuda-nvrtc=={major}.*'"
+    except Exception:  # cuda-bindings not installed (or no metadata): the generic hint says it all
+        return hint
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ def _nvrtc():
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:  # cuda-bindings itself is missing
-        raise MissingDependencyError(f"cuda.bindings is not importable ({exc}); {_INSTALL_HINT}") from exc
+        raise MissingDependencyError(f"cuda.bindings is not importable ({exc}); {_install_hint()}") from exc
     return nvrtc
 
 
@@ -61,7 +68,7 @@ def _call(fn, *args):
         return fn(*args)
     except RuntimeError as exc:
         if type(exc).__name__ == "DynamicLibNotFoundError" or "nvrtc" in str(exc).lower():
-            raise MissingDependencyError(f"the NVRTC library could not be loaded ({exc}); {_INSTALL_HINT}") from exc
+            raise MissingDependencyError(f"the NVRTC library could not be loaded ({exc}); {_install_hint()}") from exc
         raise
 
 

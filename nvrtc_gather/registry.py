@@ -19,6 +19,13 @@ from .kernels import KernelModule
 
 # Counters for tests and the CLI: how often NVRTC ran, how often the disk served.
 stats = {"compiles": 0, "disk_hits": 0, "loads": 0}
+_stats_lock = threading.Lock()  # the warmup tool builds from several threads
+
+
+def _count(what: str) -> None:
+    with _stats_lock:
+        stats[what] += 1
+
 
 _lock = threading.RLock()
 _libraries: dict[tuple[str, str], object] = {}       # (module, arch) -> CUlibrary
@@ -59,7 +66,9 @@ class BuildResult:
 def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None = None,
                 use_default_cache: bool = True) -> BuildResult:
     """GPU code for ``module`` on ``target``: a verified disk entry, or a fresh compile that
-    is then published. Raises CompileError / MissingDependencyError; never returns a bad image."""
+    is then published. Raises CompileError / MissingDependencyError; never returns a bad image.
+    A bad, foreign or unreadable entry is a miss; an unusable disk means compile-only (the
+    cache warns once). Thread- and process-safe; the per-entry lock only saves compiles."""
     key = cache_key(module, target)
     if disk is None and use_default_cache:
         disk = cache_mod.current()
@@ -67,12 +76,12 @@ def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.D
     if disk is not None:
         image = disk.get(name, key)
         if image is not None:
-            stats["disk_hits"] += 1
+            _count("disk_hits")
             return BuildResult(image, key, True)
         with disk.lock(name, key):
             image = disk.get(name, key)  # another process may have published it meanwhile
             if image is not None:
-                stats["disk_hits"] += 1
+                _count("disk_hits")
                 return BuildResult(image, key, True)
             image = _compile(module, target)
             disk.put(name, key, image)
@@ -81,7 +90,7 @@ def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.D
 
 
 def _compile(module: KernelModule, target: compiler.Target) -> bytes:
-    stats["compiles"] += 1
+    _count("compiles")
     return compiler.compile_module(module, target).image
 
 

@@ -18,13 +18,15 @@ def _flag(name: str) -> bool:
 
 def cache_dir() -> Path:
     """Where compiled kernels are kept: $NVRTC_GATHER_CACHE_DIR, else the per-user
-    XDG cache home (``$XDG_CACHE_HOME/nvrtc_gather`` or ``~/.cache/nvrtc_gather``)."""
+    XDG cache home (``$XDG_CACHE_HOME/nvrtc_gather`` or ``~/.cache/nvrtc_gather``).
+    Always absolute (a relative value is taken from the current directory now), so a later
+    chdir cannot move the cache; symlinks are kept (the cache judges their target)."""
     explicit = os.environ.get(CACHE_DIR_ENV)
     if explicit:
-        return Path(explicit).expanduser()
+        return Path(os.path.abspath(Path(explicit).expanduser()))
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "nvrtc_gather"
+    return Path(os.path.abspath(base / "nvrtc_gather"))
 
 
 def disk_cache_enabled() -> bool:

@@ -157,3 +157,176 @@ def test_refusing_disk_falls_back_to_memory_with_one_warning(tmp_path, monkeypat
     with pytest.warns(RuntimeWarning, match=os.strerror(getattr(__import__("errno"), errno_name))):
         built = registry.build_image(kernels.GATHER, T90, disk=d)
     assert built.image[:4] == b"\x7fELF" and not d.entries()
+
+
+# -- integrity through registry.build_image: nothing wrong is ever loaded ---------------
+
+@pytest.fixture(scope="module")
+def ref():
+    """Reference images (compiled once, no cache) and their keys, for sm_90 and sm_80."""
+    out = {}
+    for arch in ("sm_90", "sm_80"):
+        t = compiler.Target(arch)
+        out[arch] = (registry.cache_key(kernels.GATHER, t),
+                     registry.build_image(kernels.GATHER, t, use_default_cache=False).image)
+    return out
+
+
+def _plant(d, ref, damage):
+    """Put something wrong where the sm_90 entry belongs."""
+    key, image = ref["sm_90"]
+    name = registry.entry_name(kernels.GATHER, T90)
+    d.usable()
+    path = d.path_for(name, key)
+    good = cache.encode_entry(key, image)
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif damage == "random":
+        path.write_bytes(os.urandom(len(good)))
+    elif damage == "other_arch":  # a whole, valid sm_80 entry renamed into the sm_90 slot
+        key80, image80 = ref["sm_80"]
+        path.write_bytes(cache.encode_entry(key80, image80))
+    elif damage == "other_source":  # a valid entry of the same module built from other source/options
+        other = kernels.KernelModule(kernels.GATHER.name, kernels.GATHER.source, kernels.GATHER.kernels, ("-DOTHER=1",))
+        path.write_bytes(cache.encode_entry(registry.cache_key(other, T90), image[:-64] + bytes(64)))
+    elif damage == "symlink":  # even to an intact entry: a symlinked entry is never followed
+        elsewhere = d.directory.parent / "elsewhere.bin"
+        elsewhere.write_bytes(good)
+        path.symlink_to(elsewhere)
+    elif damage == "foreign_owner":  # intact, but written by another user
+        path.write_bytes(good)
+        os.chown(path, 65534, 65534)
+    elif damage == "fifo":  # must not block the reader
+        os.mkfifo(path)
+    elif damage == "temp_only":  # a writer died before os.replace
+        (d.directory / f".{path.name}.x1y2.tmp").write_bytes(good)
+    return path
+
+
+DAMAGES = ["empty", "truncated", "random", "other_arch", "other_source", "symlink", "foreign_owner", "fifo", "temp_only"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_entry_is_never_loaded_but_recompiled_and_replaced(tmp_path, ref, damage):
+    if damage == "foreign_owner" and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    d = cache.DiskCache(tmp_path / "c")
+    path = _plant(d, ref, damage)
+    n = registry.stats["compiles"]
+    built = registry.build_image(kernels.GATHER, T90, disk=d)
+    assert not built.from_cache and registry.stats["compiles"] == n + 1
+    assert built.image == ref["sm_90"][1]
+    st = os.lstat(path)  # replaced by a regular file of ours, intact
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    assert registry.build_image(kernels.GATHER, T90, disk=d).from_cache
+    if damage == "symlink":
+        assert (tmp_path / "elsewhere.bin").read_bytes() == cache.encode_entry(*ref["sm_90"])  # target untouched
+
+
+def test_entries_report_each_problem(tmp_path, ref):
+    d = cache.DiskCache(tmp_path / "c")
+    path = _plant(d, ref, "truncated")
+    (d.directory / "stray.bin").write_bytes(b"x")
+    by_name = {e.path.name: e for e in d.entries()}
+    assert by_name[path.name].problem == "truncated" and by_name[path.name].arch == "sm_90"
+    assert by_name[path.name].module == kernels.GATHER.name and not by_name["stray.bin"].valid
+
+
+# -- hostile or broken places: the op still works, one warning, nothing written ----------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_directory_owned_by_another_user_is_not_used(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    os.chown(other, 65534, 65534)
+    d = cache.DiskCache(other)
+    with pytest.warns(RuntimeWarning, match="owned by uid 65534"):
+        built = registry.build_image(kernels.GATHER, T90, disk=d)
+    assert built.image[:4] == b"\x7fELF" and os.listdir(other) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        registry.build_image(kernels.GATHER, T90, disk=d)
+
+
+def test_symlinked_directory_is_judged_by_its_target(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(mine)
+    d = cache.DiskCache(tmp_path / "link")
+    assert d.put("m", "ab" * 32, b"p") and (mine / f"m-{'ab' * 32}.bin").is_file()
+    if os.geteuid() == 0:
+        os.chown(mine, 65534, 65534)
+        with pytest.warns(RuntimeWarning, match="owned by uid 65534"):
+            assert not cache.DiskCache(tmp_path / "link").usable()
+
+
+def test_world_writable_directory_with_sticky_bit_is_used(tmp_path):
+    shared = tmp_path / "tmpdir"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    d = cache.DiskCache(shared)
+    assert d.put("m", "ab" * 32, b"p") and d.get("m", "ab" * 32) == b"p"
+
+
+def test_full_disk_during_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    d = cache.DiskCache(tmp_path / "c")
+    with pytest.warns(RuntimeWarning, match="No space left") as rec:
+        built = registry.build_image(kernels.GATHER, T90, disk=d)
+        registry.build_image(kernels.GATHER, compiler.Target("sm_80"), disk=d)
+    assert len(rec) == 1 and built.image[:4] == b"\x7fELF"
+    assert all(n.endswith(".lock") for n in os.listdir(d.directory))  # no entry, no temp file
+
+
+def test_read_only_file_system_at_mkdir(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    def ro(self, *a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(Path, "mkdir", ro)
+    d = cache.DiskCache(tmp_path / "new")
+    with pytest.warns(RuntimeWarning, match="Read-only file system"):
+        assert registry.build_image(kernels.GATHER, T90, disk=d).image[:4] == b"\x7fELF"
+
+
+def test_directory_removed_while_running_is_recreated(tmp_path):
+    import shutil
+
+    d = cache.DiskCache(tmp_path / "c")
+    assert d.put("m", "ab" * 32, b"p")
+    shutil.rmtree(d.directory)
+    assert d.put("m", "cd" * 32, b"q") and d.get("m", "cd" * 32) == b"q"
+    assert stat.S_IMODE(d.directory.stat().st_mode) == 0o700
+
+
+def test_disabled_cache_touches_no_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", str(tmp_path / "never"))
+    monkeypatch.setenv("NVRTC_GATHER_DISABLE_CACHE", "yes")
+    n = registry.stats["compiles"]
+    assert not registry.build_image(kernels.GATHER, T90).from_cache
+    assert registry.stats["compiles"] == n + 1 and not (tmp_path / "never").exists()
+
+
+def test_relative_cache_dir_is_made_absolute_at_use(tmp_path, monkeypatch):
+    from nvrtc_gather import settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", "rel")
+    assert settings.cache_dir() == tmp_path / "rel"
+
+
+def test_fifo_entry_does_not_block_a_reader(tmp_path):
+    d = cache.DiskCache(tmp_path / "c")
+    d.usable()
+    os.mkfifo(d.path_for("m", "ab" * 32))
+    assert d.get("m", "ab" * 32) is None
+    assert cache.read_entry_file(d.path_for("m", "ab" * 32)) == (None, "not a regular file")

@@ -65,6 +65,11 @@ def encoder_inputs(random_count=1 << 20) -> np.ndarray:
 
 
 def _assert_same(got, want, x):
+    """Equal to torch wherever torch versions agree; |x| >= 464 (including inf) saturates to
+    ±448 (0x7e, 0xfe) as torch >= 2.13 does (older torch gives NaN there; scaled values
+    never get that far: they stay <= 448 by construction)."""
+    sat = ~np.isnan(x) & (np.abs(x) >= 464)
+    want = np.where(sat, np.where(np.signbit(x), 0xFE, 0x7E), want).astype(want.dtype)
     bad = np.nonzero(got != want)[0]
     assert bad.size == 0, [(hex(int(x.view(np.uint32)[i])), float(x[i]), int(want[i]), int(got[i])) for i in bad[:8]]
 

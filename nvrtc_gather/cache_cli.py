@@ -1,0 +1,130 @@
+"""``nvrtc-gather cache list | verify | clear``: look after the disk cache.
+
+    list    every entry: module, arch, size, whether it is intact, whether this install
+            would use it (``stale``: left by another package or NVRTC version)
+    verify  re-check every entry (exit 1 if any is bad or the directory would not be
+            used); ``--fix`` deletes the bad ones (then exit 0 if all went)
+    clear   remove every entry, lock file and leftover temp file (not the directory)
+
+None of them creates the directory; none raises for a bad entry."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import cache as cache_mod
+from . import settings
+from ._text import human_size, table
+
+
+KeyFor = Optional[Callable[[str, str], Optional[str]]]
+
+
+def current_keys() -> KeyFor:
+    """A function (module, arch) -> the key this install would use (None for a module it
+    does not know), or None when NVRTC is missing (keys include its version)."""
+    from . import compiler, kernels, registry
+    from .errors import MissingDependencyError
+
+    modules = {m.name: m for m in kernels.ALL_MODULES + tuple(getattr(kernels, "BENCH_MODULES", ()))}
+    try:
+        compiler.nvrtc_version()
+    except MissingDependencyError:
+        return None
+
+    def key_for(module: str, arch: str) -> str | None:
+        m = modules.get(module)
+        return registry.cache_key(m, compiler.Target(arch)) if m is not None else None
+    return key_for
+
+
+def _in_use(e: cache_mod.EntryInfo, key_for: KeyFor) -> str:
+    if key_for is None or e.module is None:
+        return "?"
+    want = key_for(e.module, e.arch)
+    return "?" if want is None else "yes" if want == e.key else "stale"
+
+
+def _list(disk: cache_mod.DiskCache) -> int:
+    entries = disk.entries()
+    key_for = current_keys()
+    if entries:
+        table(("module", "arch", "size", "valid", "in use", "key"),
+              [(e.module or "?", e.arch or "?", human_size(e.size), "yes" if e.valid else f"NO ({e.problem})",
+                _in_use(e, key_for), (e.key or e.path.name)[:12]) for e in entries])
+    total = sum(e.size for e in entries)
+    print(f"{len(entries)} entries, {human_size(total)}, in {disk.directory}{_dir_note(disk)}")
+    temps = disk.temp_files()
+    if temps:
+        print(f"{len(temps)} temp file(s) (a write in progress or a writer that died; "
+              "ignored by readers, removed by `cache clear`)")
+    return 0
+
+
+def _verify(disk: cache_mod.DiskCache, fix: bool) -> int:
+    entries = disk.entries()
+    bad = [e for e in entries if not e.valid]
+    left = []
+    for e in bad:
+        print(f"BAD {e.path.name}: {e.problem}")
+        if fix:
+            try:
+                os.unlink(e.path)  # a symlink goes, never its target
+                print("    deleted")
+            except OSError as exc:
+                print(f"    could not delete: {exc.strerror or exc}")
+                left.append(e)
+        else:
+            left.append(e)
+    problem = disk.directory_problem() if disk.directory.exists() else None
+    print(f"{len(entries) - len(bad)} of {len(entries)} entries intact in {disk.directory}")
+    if problem:
+        print(f"the directory would not be used: {problem}")
+    if left and not fix:
+        print("run `nvrtc-gather cache verify --fix` to delete the bad entries (they are also replaced at next use)")
+    return 1 if left or problem else 0
+
+
+def _clear(disk: cache_mod.DiskCache) -> int:
+    n = disk.clear()
+    print(f"removed {n} file(s) from {disk.directory}")
+    return 0
+
+
+def _dir_note(disk: cache_mod.DiskCache) -> str:
+    if not disk.directory.exists():
+        return " (does not exist yet)"
+    problem = disk.directory_problem()
+    note = f" (not used: {problem})" if problem else ""
+    if not settings.disk_cache_enabled():
+        note += f" (disabled by {settings.DISABLE_CACHE_ENV})"
+    return note
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nvrtc-gather cache", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="action", required=True, metavar="{list,verify,clear}")
+    parsers = {
+        "list": sub.add_parser("list", help="list entries"),
+        "verify": sub.add_parser("verify", help="re-check every entry; exit 1 if any is bad"),
+        "clear": sub.add_parser("clear", help="remove entries, locks and temp files"),
+    }
+    for sp in parsers.values():
+        sp.add_argument("--cache-dir", type=Path,
+                        help=f"cache directory (default: ${settings.CACHE_DIR_ENV} or the per-user cache)")
+    parsers["verify"].add_argument("--fix", action="store_true", help="delete bad entries")
+    args = p.parse_args(argv)
+    directory = Path(os.path.abspath(args.cache_dir)) if args.cache_dir else settings.cache_dir()
+    disk = cache_mod.DiskCache(directory)
+    if args.action == "list":
+        return _list(disk)
+    if args.action == "verify":
+        return _verify(disk, args.fix)
+    return _clear(disk)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
