@@ -80,6 +80,23 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 @lru_cache(maxsize=None)
+def compiler_identity() -> str:
+    """Which NVRTC compiles here, as the cache key records it. Loading NVRTC costs ~50 ms,
+    which a first call on a warm cache should not pay just to learn a version, so when
+    NVRTC comes from the nvidia-cuda-nvrtc wheel matching cuda-bindings (which
+    cuda.pathfinder loads first) the wheel's exact version is read from its metadata;
+    otherwise the loaded library's major.minor."""
+    try:
+        from importlib.metadata import version
+        wheel = version("nvidia-cuda-nvrtc")
+        if wheel.split(".")[0] == version("cuda-bindings").split(".")[0]:
+            return f"nvidia-cuda-nvrtc {wheel}"
+    except Exception:  # not installed from wheels: ask the library itself
+        pass
+    return "nvrtc %d.%d" % nvrtc_version()
+
+
+@lru_cache(maxsize=None)
 def supported_archs() -> tuple[int, ...]:
     """Compute capabilities NVRTC can emit a cubin for, e.g. (75, 80, 86, ..., 120)."""
     nvrtc = _nvrtc()

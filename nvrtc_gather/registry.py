@@ -46,7 +46,7 @@ def cache_key(module: KernelModule, target: compiler.Target) -> str:
     fields += [("option", o) for o in compiler.module_options(module, target)]
     fields += [
         ("arch", target.arch),
-        ("nvrtc", "%d.%d" % compiler.nvrtc_version()),
+        ("nvrtc", compiler.compiler_identity()),
         ("kernels", ",".join(module.kernels)),
     ]
     return cache_mod.make_key(fields)
@@ -133,6 +133,17 @@ def _build_and_load(module: KernelModule, target: compiler.Target, device: int) 
     return _load(module, target, device, image)
 
 
+def _target_for(module: KernelModule, capability: int) -> compiler.Target:
+    """The target for a GPU: a cached cubin for its exact sm_XY is taken as it is, without
+    loading NVRTC to ask which archs it supports (~50 ms of a warm first call); anything
+    else goes through compiler.pick_target."""
+    exact = compiler.Target(f"sm_{capability}")
+    disk = cache_mod.current()
+    if disk is not None and disk.get(entry_name(module, exact), cache_key(module, exact)) is not None:
+        return exact
+    return compiler.pick_target(capability)
+
+
 def functions(module: KernelModule, device: int, stream: int = 0) -> dict[str, int]:
     """name -> CUfunction for ``device``'s primary context. The first call per (module,
     device) compiles/loads; it refuses to do so while ``stream`` is capturing a CUDA graph."""
@@ -149,7 +160,7 @@ def functions(module: KernelModule, device: int, stream: int = 0) -> dict[str, i
                 f"nvrtc_gather's {module.name} kernels are not loaded on cuda:{device} yet and the stream is "
                 f"capturing a CUDA graph; call nvrtc_gather.preload({device}) (or run the op once) before capture"
             )
-        target = compiler.pick_target(driver.capability(device))
+        target = _target_for(module, driver.capability(device))
         fns = _build_and_load(module, target, device)
         _functions[fk] = fns
         return fns

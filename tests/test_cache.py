@@ -330,3 +330,18 @@ def test_fifo_entry_does_not_block_a_reader(tmp_path):
     os.mkfifo(d.path_for("m", "ab" * 32))
     assert d.get("m", "ab" * 32) is None
     assert cache.read_entry_file(d.path_for("m", "ab" * 32)) == (None, "not a regular file")
+
+
+def test_warm_target_lookup_does_not_load_nvrtc(tmp_path):
+    """A fresh process whose cache holds the exact arch's cubin finds it without NVRTC."""
+    code = ("import sys; from nvrtc_gather import registry, kernels, compiler;"
+            "t = registry._target_for(kernels.GATHER, 90);"
+            "maps = open('/proc/self/maps').read();"
+            "print(t.arch, 'libnvrtc' in maps)")
+    env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", "from nvrtc_gather import registry, kernels, compiler;"
+                    "registry.build_image(kernels.GATHER, compiler.Target('sm_90'))"], env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    if compiler.compiler_identity().startswith("nvrtc "):
+        pytest.skip("NVRTC is not installed from the nvidia-cuda-nvrtc wheel here")
+    assert out.split() == ["sm_90", "False"]
