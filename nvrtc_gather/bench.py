@@ -329,6 +329,34 @@ HEADER = (f"{'workload':>12} {'tokens':>9} {'copy us':>10} {'op us':>10} {'op/cp
           f"{'linscan us':>10} {'torch us':>10} {'loop us':>10}")
 
 
+def markdown(result: dict) -> str:
+    """The tables of benchmarks/README.md, from one run's result."""
+    env = result["environment"]
+    out = [f"{env['gpu']}, CUDA driver {env['driver_cuda']}, torch {env['torch']}, NVRTC {env['nvrtc']}, "
+           f"Python {env['python']}, {env['date']}. Median µs, L2 flushed before each run.", "",
+           "| requests x mean tokens | tokens | MB moved | copy | op | op / copy | linear scan | torch path "
+           "| per-request loop |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["workloads"]:
+        loop = f"{r['loop_us']:.0f}" if "loop_us" in r else "-"
+        out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
+                   f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} | {r['baseline_us']:.1f} | {r['torch_us']:.0f} | {loop} |")
+    if result.get("quant_workloads"):
+        out += ["", "| write op workload | tokens | MB moved | copy | op | op / copy |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in result["quant_workloads"]:
+            out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
+                       f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} |")
+    h = result["host_cost"]
+    out += ["", "| host cost per call (median of 10,000) | µs |", "| --- | --- |"]
+    out += [f"| {k[:-3].replace('_', ' ')} | {v:.2f} |" for k, v in h.items() if k.endswith("_us")]
+    f = result.get("first_call") or {}
+    if f:
+        out += ["", f"First call in a fresh process: {f['cold_first_call_ms']:.0f} ms on an empty cache "
+                f"({f['cold_compiles']} compile), {f['warm_first_call_ms']:.1f} ms on a warm one "
+                f"({f['warm_compiles']} compiles); NVRTC compile of the gather module alone "
+                f"{f['nvrtc_compile_ms']:.0f} ms."]
+    return "\n".join(out) + "\n"
+
+
 def environment() -> dict:
     return {
         "gpu": torch.cuda.get_device_name(0),
@@ -408,8 +436,9 @@ def main(argv=None) -> int:
     if args.tag:
         result["tag"] = args.tag
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
+    (args.out / "bench.md").write_text(markdown(result))
     chart(rows, args.out / "bench.png")
-    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    print(f"wrote {args.out / 'bench.json'}, bench.md and bench.png")
     return 0
 
 
