@@ -103,12 +103,10 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
                           dst_scale.is_cuda and block_table.is_cuda and cu_seq_lens.is_cuda):
         v.same_device(dict(_named(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)))
 
-    num_blocks, block_size, cache_stride = kv_shape
+    num_blocks, block_size, _cache_stride = kv_shape
     num_tokens, head_dim = k_shape
     s_rows, s_cols = s_shape
     batch, max_blocks = bt_shape
-    if block_size < 1:
-        raise ValueError(f"kv_cache: block_size (dim 1) must be >= 1, got shape {tuple(kv_shape)}")
     if head_dim < 4 or head_dim % 4:
         raise ValueError(f"dst_k: head_dim (dim 1) must be a positive multiple of 4, got {head_dim}")
     s_stride = dst_scale.stride()
@@ -127,21 +125,11 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
             f"(head_dim % quant_block_size must be 0), got shape {tuple(s_shape)}")
     if s_rows != num_tokens:
         raise ValueError(f"dst_scale: expected {num_tokens} rows like dst_k, got shape {tuple(s_shape)}")
-    if cache_stride < head_dim + 4 * scale_words:
-        raise ValueError(
-            f"kv_cache: cache_stride (dim 2) must be at least head_dim + 4 * head_dim / quant_block_size = "
-            f"{head_dim + 4 * scale_words}, got shape {tuple(kv_shape)}")
+    block_stride = v.cache_block_stride(kv_cache, kv_shape, head_dim, scale_words)
     if cu_shape[0] != batch + 1:
         raise ValueError(f"cu_seq_lens: expected batch + 1 = {batch + 1} entries (block_table has {batch} rows), "
                          f"got {cu_shape[0]}")
 
-    # Layout: every cache block is contiguous; rows of the others may be strided.
-    s0, s1, s2 = kv_cache.stride()
-    if (cache_stride > 1 and s2 != 1) or (block_size > 1 and s1 != cache_stride) or \
-            (num_blocks > 1 and s0 < block_size * cache_stride):
-        raise ValueError(
-            f"kv_cache: each block must be contiguous (strides (>= {block_size * cache_stride}, {cache_stride}, 1)), "
-            f"got strides {(s0, s1, s2)}")
     k_row, k_col = dst_k.stride()
     bt_row, bt_col = block_table.stride()
     if k_col != 1:
@@ -163,7 +151,6 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
             v.fits_int32(name, what, value)
 
     kv_ptr, k_ptr, s_ptr = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
-    block_stride = s0 if num_blocks > 1 else block_size * cache_stride
     if (kv_ptr | block_stride | k_ptr | k_row | s_ptr | scale_row_stride) & 3:
         v.aligned("kv_cache", "data pointer", kv_ptr)
         v.aligned("kv_cache", "stride(0)", block_stride)
