@@ -2,25 +2,62 @@
 // block and write both into the paged indexer cache (contract: shared/DESIGN.md section 2).
 //
 // Vector kernels (quant_cache_<type>_v16 / _v8), picked by the host when k's alignment and
-// the sizes allow: a lane owns ELEMS = VB / sizeof(element) consecutive elements of a token
-// (one VB-byte load), a token takes head_dim / ELEMS lanes, a block covers
-// tokens_per_pass = NG_THREADS / lanes tokens per pass and makes NG_QUNROLL passes with all
-// their loads issued first (more bytes in flight). A quant block's amax: xor shuffles inside
-// the largest power-of-two group of lanes that divides its lane count, then, only when the
-// quant block is wider than that group, shared-memory atomicMax across the groups.
+// the sizes allow: a lane owns NV adjacent VB-byte vectors of a token (ELEMS elements), a
+// token takes head_dim / ELEMS lanes, a block covers tokens_per_pass tokens per pass and
+// makes NG_QUNROLL / NV passes with all their loads issued first (bytes in flight). NV = 2
+// whenever that keeps the host's layout (power-of-two lanes per token, an even number of
+// vectors per quant block: the same NG_QUNROLL * tokens_per_pass tokens per block), else 1.
+// A quant block's amax: xor shuffles inside the largest power-of-two group of lanes that
+// divides its lane count, then, only when the quant block is wider than that group,
+// shared-memory atomicMax across the groups.
 // Generic kernels (quant_cache_<type>_any): one thread per (token, quant block), element
 // loads and byte stores; any alignment, any quant block size, any head_dim.
 //
+// Instructions per element, not bytes, kept the first version at twice the copy's time (an
+// integer fp8 encoder of ~12 instructions an element, integer work at half sm_90's fp32
+// rate, integer divisions and address arithmetic per lane and token). Hence:
+// - fp8 conversion by cvt.rn.satfinite.e4m3x2.f32 on sm_89+ (fp8_e4m3.cuh): one instruction
+//   per pair, packed by the conversion itself;
+// - amax of 16-bit types on the packed words (__vmaxu2: one VIMNMX per two elements, three
+//   words per VIMNMX3 on sm_90), two passes' amaxes sharing each shuffle;
+// - ue8m0: the scale from amax's bits without a division, and every value multiplied by its
+//   inverse (even for inf / NaN scales, see ng_block_scale); plain scales: amax / 448 in three
+//   fp32 instructions (ng_div448), the values still a true division each;
+// - two vectors per lane (NV = 2): half the per-lane work that does not grow with the
+//   elements (slot split, addresses, scale, shuffles) per element, 16-byte stores;
+// - the uniform choices (ue8m0, power-of-two block size) taken once, outside the passes.
+//
 // Numerics are the torch path's (nvrtc_gather/quant_torch.py), bit for bit: amax in fp32,
-// scale = max(amax, 1e-4f) / 448.0f as an IEEE division, ue8m0 rounding up to a power of two
+// scale = max(amax, 1e-4f) / 448.0f correctly rounded, ue8m0 rounding up to a power of two
 // through the exponent bits, values = k / scale in fp32 (for a power-of-two scale k * 2^-e,
 // the same correctly rounded number), then torch's fp32 -> e4m3 conversion (fp8_e4m3.cuh).
-// The module is compiled with --fmad=false so no product is ever contracted.
+// The module is compiled with --fmad=false so no product is ever contracted. NaN in k: its
+// quant block gets a NaN scale and NaN values (payload and sign of NaNs are not kept).
 // Slots < 0 are padding; slots >= num_slots are skipped, and reported in debug mode.
+//
+// Compile-time knobs (benchmark builds, nvrtc_gather/kernels.py BENCH_QUANT_VARIANTS):
+// NG_QUNROLL tokens per block / tokens_per_pass (the host's quant_cache.UNROLL for the op's
+// build; a launch of another build passes its own), NG_QWIDE=0 one vector per lane always,
+// NG_SOFT_FP8=1 the integer fp8 encoder on every arch.
 #include "quant_params.cuh"
 #include "fp8_e4m3.cuh"
 
-#define NG_QUNROLL 2  // passes per block in the vector kernels
+#ifndef NG_QUNROLL
+#define NG_QUNROLL 4  // tokens per block / tokens_per_pass of the vector kernels: quant_cache.UNROLL
+#endif
+#ifndef NG_QWIDE
+#define NG_QWIDE 1    // 0: always one vector per lane (benchmark variant)
+#endif
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+__device__ __forceinline__ float ng_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ u32 ng_vmaxu2(u32 a, u32 b) { return __vmaxu2(a, b); }
+#else  // the host emulator (tests/cuda_host_emu.cpp)
+static inline float ng_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+static inline u32 ng_vmaxu2(u32 a, u32 b) {
+    return max(a & 0xffff0000u, b & 0xffff0000u) | max(a & 0xffffu, b & 0xffffu);
+}
+#endif
 
 struct Bf16 { enum { SIZE = 2 }; };
 struct F16 { enum { SIZE = 2 }; };
@@ -32,10 +69,17 @@ __device__ __forceinline__ float ng_half_to_float(unsigned short h) {
     return f;
 }
 
-// Reading elements as fp32 (exact for every type): from a 32-bit word, or one from memory.
+// Per element type: the elements of a 32-bit word as fp32 (exact for every type), one element
+// from memory, and amax keys. A key orders like |x| with NaN above inf, so a max over keys
+// propagates a NaN as torch's amax does. 16-bit types keep two keys per word (their
+// magnitude bits), so one __vmaxu2 merges two and two passes share each shuffle:
+//   acc(a, w)    folds a word of k into a lane's accumulator a (starts at 0);
+//   pair(a, b)   the keys of two passes' accumulators in one word (KEYS of them);
+//   merge(x, y)  the max of two such words;
+//   bits(x, i)   the fp32 bits of key i of x: the amax.
 template <typename T> struct Load;
 template <> struct Load<Bf16> {
-    enum { PER_WORD = 2 };
+    enum { PER_WORD = 2, KEYS = 2 };
     static __device__ __forceinline__ void unpack(u32 w, float* f) {
         f[0] = __uint_as_float(w << 16);
         f[1] = __uint_as_float(w & 0xffff0000u);
@@ -43,9 +87,15 @@ template <> struct Load<Bf16> {
     static __device__ __forceinline__ float one(const u8* p) {
         return __uint_as_float((u32)__ldg(reinterpret_cast<const unsigned short*>(p)) << 16);
     }
+    static __device__ __forceinline__ u32 acc(u32 a, u32 w) { return ng_vmaxu2(a, w & 0x7fff7fffu); }
+    static __device__ __forceinline__ u32 pair(u32 a, u32 b) {
+        return ng_vmaxu2(__byte_perm(a, b, 0x5410), __byte_perm(a, b, 0x7632));
+    }
+    static __device__ __forceinline__ u32 merge(u32 x, u32 y) { return ng_vmaxu2(x, y); }
+    static __device__ __forceinline__ u32 bits(u32 x, int i) { return i ? x & 0xffff0000u : x << 16; }
 };
 template <> struct Load<F16> {
-    enum { PER_WORD = 2 };
+    enum { PER_WORD = 2, KEYS = 2 };
     static __device__ __forceinline__ void unpack(u32 w, float* f) {
         f[0] = ng_half_to_float((unsigned short)(w & 0xffffu));
         f[1] = ng_half_to_float((unsigned short)(w >> 16));
@@ -53,164 +103,307 @@ template <> struct Load<F16> {
     static __device__ __forceinline__ float one(const u8* p) {
         return ng_half_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
     }
+    static __device__ __forceinline__ u32 acc(u32 a, u32 w) { return ng_vmaxu2(a, w & 0x7fff7fffu); }
+    static __device__ __forceinline__ u32 pair(u32 a, u32 b) {
+        return ng_vmaxu2(__byte_perm(a, b, 0x5410), __byte_perm(a, b, 0x7632));
+    }
+    static __device__ __forceinline__ u32 merge(u32 x, u32 y) { return ng_vmaxu2(x, y); }
+    static __device__ __forceinline__ u32 bits(u32 x, int i) {  // fp16 -> fp32 keeps the order
+        return __float_as_uint(ng_half_to_float((unsigned short)(i ? x >> 16 : x & 0xffffu)));
+    }
 };
 template <> struct Load<F32> {
-    enum { PER_WORD = 1 };
+    enum { PER_WORD = 1, KEYS = 1 };
     static __device__ __forceinline__ void unpack(u32 w, float* f) { f[0] = __uint_as_float(w); }
     static __device__ __forceinline__ float one(const u8* p) { return __ldg(reinterpret_cast<const float*>(p)); }
+    static __device__ __forceinline__ u32 acc(u32 a, u32 w) { return max(a, w & 0x7fffffffu); }
+    static __device__ __forceinline__ u32 pair(u32 a, u32) { return a; }
+    static __device__ __forceinline__ u32 merge(u32 x, u32 y) { return max(x, y); }
+    static __device__ __forceinline__ u32 bits(u32 x, int) { return x; }
 };
 
 __device__ __forceinline__ void ng_words(const uint4& v, u32* w) { w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w; }
 __device__ __forceinline__ void ng_words(const uint2& v, u32* w) { w[0] = v.x; w[1] = v.y; }
 
-// |x| as bits: ordered like |x|, with NaN above inf, so a max over them propagates a NaN
-// as torch's amax does.
-__device__ __forceinline__ u32 ng_abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
-
-// A quant block's scale from its amax bits. inv = 1 / scale when that is exact (a finite
-// power-of-two scale: its exponent lies in [-22, 120], so 2^-e is a normal float), else 0.
-__device__ __forceinline__ void ng_block_scale(u32 amax_bits, int ue8m0, float& scale, float& inv) {
-    const float amax = __uint_as_float(amax_bits);
-    const float lo = __uint_as_float(0x38d1b717u);  // (float)1e-4, what torch.clamp(min=1e-4) compares with
-    scale = __fdiv_rn(amax < lo ? lo : amax, 448.0f);  // a NaN amax stays NaN, as in torch.clamp
-    inv = 0.f;
-    if (ue8m0) {
-        const u32 b = __float_as_uint(scale);
-        if ((b & 0x7f800000u) != 0x7f800000u) {  // finite: the smallest power of two >= scale
-            const u32 r = (b + 0x7fffffu) & 0xff800000u;
-            scale = __uint_as_float(r);
-            inv = __uint_as_float(0x7f000000u - r);
-        }
-    }
+// a / 448 correctly rounded for every float a >= 7.6e-37 (checked against the IEEE
+// division for all of them; amax is clamped to >= 1e-4 before): a * RN(1/448) and one
+// Newton step through the exact fma residual. Three fp32 instructions instead of a
+// division's reciprocal, five fmas and range check.
+__device__ __forceinline__ float ng_div448(float a) {
+    const float y = __uint_as_float(0x3b124925u);  // RN(1 / 448)
+    const float q = __fmul_rn(a, y);
+    return ng_fma(ng_fma(-448.0f, q, a), y, q);
 }
 
-__device__ __forceinline__ u32 ng_quant(float x, float scale, float inv) {
-    return ng_fp8e4m3_from_f32(inv != 0.f ? __fmul_rn(x, inv) : __fdiv_rn(x, scale));
-}
-
-// N values at once, the multiply-or-divide choice made once for all of them.
-template <int N>
-__device__ __forceinline__ void ng_quant_n(const float* x, float scale, float inv, u32* b) {
-    if (inv != 0.f) {
-#pragma unroll
-        for (int e = 0; e < N; ++e) b[e] = ng_fp8e4m3_from_f32(__fmul_rn(x[e], inv));
+// A quant block's scale from its amax bits, and for UE8M0 the factor that takes values to
+// the fp8 range: inv = 2^-e for a finite scale 2^e (exact: e lies in [-22, 120]), 0 for an
+// inf scale and NaN for a NaN one, so that x * inv is exactly what x / scale gives (finite
+// x / inf = +-0, inf / inf = NaN, x / NaN = NaN) and no value needs a division.
+template <bool UE8M0>
+__device__ __forceinline__ void ng_block_scale(u32 amax_bits, float& scale, float& inv) {
+    // max(amax, 1e-4f) on the bits (magnitudes order as integers; a NaN stays NaN, as in
+    // torch.clamp); 0x38d1b717 is (float)1e-4, what torch.clamp(min=1e-4) compares with.
+    const u32 a = max(amax_bits, 0x38d1b717u);
+    const bool inf = a == 0x7f800000u, nan = a > 0x7f800000u;
+    if (UE8M0) {
+        // The smallest power of two >= a / 448 (rounded), from a's bits alone: 2^(E-8) while
+        // a's significand is <= 1.75, else 2^(E-7) (checked for every a in [1e-4, FLT_MAX]).
+        const u32 r = ((a + 0x1fffffu) & 0xff800000u) - 0x04000000u;
+        scale = __uint_as_float(nan ? 0x7fffffffu : inf ? a : r);
+        inv = __uint_as_float(nan ? 0x7fffffffu : inf ? 0u : 0x7f000000u - r);
     } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e) b[e] = ng_fp8e4m3_from_f32(__fdiv_rn(x[e], scale));
+        scale = inf ? __uint_as_float(a) : ng_div448(__uint_as_float(a));  // NaN: the GPU's NaN
+        inv = 0.f;
     }
 }
 
-// Cache block and row of a slot in [0, num_slots): a shift for power-of-two block sizes,
-// 32-bit division for other slots below 2^31, 64-bit division beyond.
-__device__ __forceinline__ void ng_split_slot(i64 s, const FastDiv& block_size, i64& blk, i64& off) {
-    if (s <= 0x7fffffffll) {
-        const int b = block_size((int)s);
+__device__ __forceinline__ void ng_block_scale(u32 amax_bits, int ue8m0, float& scale, float& inv) {
+    if (ue8m0) {
+        ng_block_scale<true>(amax_bits, scale, inv);
+    } else {
+        ng_block_scale<false>(amax_bits, scale, inv);
+    }
+}
+
+__device__ __forceinline__ float ng_scaled(float x, float scale, float inv, int ue8m0) {
+    return ue8m0 ? __fmul_rn(x, inv) : __fdiv_rn(x, scale);
+}
+
+// Cache block and row of a slot in [0, num_slots): shift and mask for power-of-two block
+// sizes, 32-bit division for other slots below 2^31, 64-bit division beyond. off < block_size.
+__device__ __forceinline__ void ng_split_slot(i64 s, const FastDiv& block_size, i64& blk, int& off) {
+    if (block_size.shift >= 0) {
+        blk = (i64)((u64)s >> block_size.shift);
+        off = (int)s & (block_size.d - 1);
+    } else if (s <= 0x7fffffffll) {
+        const int b = (int)s / block_size.d;
         blk = b;
         off = (int)s - b * block_size.d;
     } else {
         blk = s / block_size.d;
-        off = s - blk * block_size.d;
+        off = (int)(s - blk * block_size.d);
     }
 }
 
-// N fp8 bytes (low bytes of b[]) to dst; dst is 4-byte aligned for N >= 4 (host-checked).
-template <int N> __device__ __forceinline__ void ng_store_fp8(u8* dst, const u32* b);
-template <> __device__ __forceinline__ void ng_store_fp8<8>(u8* dst, const u32* b) {
-    const u32 lo = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
-    const u32 hi = __byte_perm(__byte_perm(b[4], b[5], 0x0040), __byte_perm(b[6], b[7], 0x0040), 0x5410);
-    if (((u64)dst & 7) == 0) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+// Stores of 4, 8 and 16 bytes. Inline PTX for the vector ones on the GPU: written as C, the
+// compiler merges an aligned vector store and its unaligned fallback (same bytes, same
+// addresses) into the fallback's 4-byte stores.
+__device__ __forceinline__ void ng_st2(u8* dst, u32 a, u32 b) {
+#ifdef __CUDA_ARCH__
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" : : "l"(dst), "r"(a), "r"(b) : "memory");
+#else
+    *reinterpret_cast<uint2*>(dst) = make_uint2(a, b);
+#endif
+}
+__device__ __forceinline__ void ng_st4(u8* dst, u32 a, u32 b, u32 c, u32 d) {
+#ifdef __CUDA_ARCH__
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" : : "l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+#else
+    uint4 v;
+    v.x = a; v.y = b; v.z = c; v.w = d;
+    *reinterpret_cast<uint4*>(dst) = v;
+#endif
+}
+
+// N values (already scaled) as fp8 to dst: 4-byte aligned for N >= 4 (host-checked); aligned
+// to N when `aligned` says so, else the widest stores its address allows.
+template <int N> __device__ __forceinline__ void ng_store_fp8(u8* dst, const float* v, bool aligned);
+template <> __device__ __forceinline__ void ng_store_fp8<16>(u8* dst, const float* v, bool aligned) {
+    u32 b[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b[i] = ng_fp8e4m3x4_from_f32(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    if (aligned || ((u64)dst & 15) == 0) {
+        ng_st4(dst, b[0], b[1], b[2], b[3]);
+    } else if (((u64)dst & 7) == 0) {
+        ng_st2(dst, b[0], b[1]);
+        ng_st2(dst + 8, b[2], b[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) reinterpret_cast<u32*>(dst)[i] = b[i];
+    }
+}
+template <> __device__ __forceinline__ void ng_store_fp8<8>(u8* dst, const float* v, bool aligned) {
+    const u32 lo = ng_fp8e4m3x4_from_f32(v[0], v[1], v[2], v[3]);
+    const u32 hi = ng_fp8e4m3x4_from_f32(v[4], v[5], v[6], v[7]);
+    if (aligned || ((u64)dst & 7) == 0) {
+        ng_st2(dst, lo, hi);
     } else {  // an 8-byte chunk at a 4-byte boundary (e.g. block_size 1, cache_stride 132)
         reinterpret_cast<u32*>(dst)[0] = lo;
         reinterpret_cast<u32*>(dst)[1] = hi;
     }
 }
-template <> __device__ __forceinline__ void ng_store_fp8<4>(u8* dst, const u32* b) {
-    *reinterpret_cast<u32*>(dst) = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
+template <> __device__ __forceinline__ void ng_store_fp8<4>(u8* dst, const float* v, bool) {
+    *reinterpret_cast<u32*>(dst) = ng_fp8e4m3x4_from_f32(v[0], v[1], v[2], v[3]);
 }
-template <> __device__ __forceinline__ void ng_store_fp8<2>(u8* dst, const u32* b) {
-    *reinterpret_cast<unsigned short*>(dst) = (unsigned short)(b[0] | (b[1] << 8));
+template <> __device__ __forceinline__ void ng_store_fp8<2>(u8* dst, const float* v, bool) {
+    *reinterpret_cast<unsigned short*>(dst) = (unsigned short)ng_fp8e4m3x2_from_f32(v[0], v[1]);
 }
 
-template <typename T, int VB>
-__device__ __forceinline__ void quant_vec(const QuantParams& p) {
+// A lane's fixed destinations: cache + this lane's offsets, so that a pass only adds its
+// block and row.
+struct PassOut {
+    u8* vals;        // kv_cache + lane * ELEMS
+    u8* scales;      // kv_cache + block_size * head_dim + 4 * quant block
+    int nq4;         // scale bytes per token
+    bool scale_lane; // writes its quant block's scale
+    bool aligned;    // every ELEMS-byte store aligned to ELEMS
+    bool reporter;   // reports bad slots (debug mode)
+};
+
+// The stores of a lane's passes. POW2: block_size is a power of two (a slot splits by shift
+// and mask, any slot); UE8M0: power-of-two scales (values multiplied by 2^-e).
+template <typename T, int NW, int ELEMS, int U, bool POW2, bool UE8M0>
+__device__ __forceinline__ void ng_write_passes(const QuantParams& p, const PassOut& o, const u32 (&w)[U][NW],
+                                                const i64 (&slot)[U], const u32 (&amax)[U],
+                                                const FastDiv& block_size, u32 tok0, int tpp) {
+    typedef Load<T> L;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const i64 s = slot[u];
+        if ((u64)s >= (u64)p.num_slots) {  // padding or no token (s < 0), or past the cache
+            if (s >= 0 && o.reporter) ng_report(p.error, NG_ERR_SLOT, tok0 + u * tpp, s, p.num_slots);
+            continue;
+        }
+        i64 blk;
+        int off;
+        if (POW2) {
+            blk = (i64)((u64)s >> block_size.shift);
+            off = (int)s & (block_size.d - 1);
+        } else {
+            ng_split_slot(s, block_size, blk, off);
+        }
+        const i64 boff = blk * p.block_stride;
+        float scale, inv;
+        ng_block_scale<UE8M0>(amax[u], scale, inv);
+        float v[ELEMS];
+#pragma unroll
+        for (int i = 0; i < NW; ++i) L::unpack(w[u][i], &v[i * L::PER_WORD]);
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) v[e] = UE8M0 ? __fmul_rn(v[e], inv) : __fdiv_rn(v[e], scale);
+        ng_store_fp8<ELEMS>(o.vals + boff + off * p.head_dim, v, o.aligned);
+        if (o.scale_lane) *reinterpret_cast<float*>(o.scales + boff + (i64)off * o.nq4) = scale;
+    }
+}
+
+// The vector kernels' body for NV vectors (VB bytes each, adjacent) per lane; see the top.
+template <typename T, int VB, int NV>
+__device__ __forceinline__ void quant_vec_impl(const QuantParams& p) {
     typedef typename Vec<VB>::T V;
-    enum { NW = VB / 4, ELEMS = VB / T::SIZE };
-    __shared__ u32 s_amax[NG_QUNROLL][NG_THREADS];
+    typedef Load<T> L;
+    enum {
+        NW = NV * VB / 4,           // words of k per lane and pass
+        ELEMS = NV * VB / T::SIZE,  // elements per lane and pass
+        U = NG_QUNROLL / NV,        // passes: NG_QUNROLL * tokens_per_pass tokens per block for any NV
+        NK = (U + L::KEYS - 1) / L::KEYS
+    };
+    __shared__ u32 s_amax[U][NG_THREADS];
 
     const int tid = threadIdx.x;
-    const int lanes = p.head_dim / ELEMS;           // lanes per token, <= NG_THREADS (host-checked)
-    const int lt = tid / lanes;                     // token within the pass
+    const int tpp = p.tokens_per_pass * NV;         // tokens per pass (NV = 2 only when exact)
+    const int lanes = (u32)p.head_dim / ELEMS;      // lanes per token, <= NG_THREADS (host-checked)
+    // Token within the pass (NV = 2 only with a power-of-two lane count: a shift).
+    const int lt = NV == 2 ? tid >> (__ffs(lanes) - 1) : FastDiv(lanes)(tid);
     const int c = tid - lt * lanes;                 // owns elements [c * ELEMS, (c + 1) * ELEMS)
-    const int qlanes = p.quant_block_size / ELEMS;  // lanes per quant block (ELEMS divides it: host)
+    const int qlanes = (u32)p.quant_block_size / ELEMS;  // lanes per quant block (ELEMS divides it)
     const int group = min(32, qlanes & -qlanes);    // lanes combined by shuffles; aligned, within a warp
-    const int q = c / qlanes;
-    const FastDiv block_size(p.block_size);
+    const FastDiv qdiv(qlanes);
+    // Token of pass u: tok0 + u * tpp; 32 bits suffice, the grid ends within U * tpp tokens
+    // of num_tokens < 2^31.
+    const u32 tok0 = (u32)blockIdx.x * (u32)(U * tpp) + (u32)lt;
+    const bool live = lt < tpp;
 
-    u32 w[NG_QUNROLL][NW];
-    i64 tok[NG_QUNROLL], slot[NG_QUNROLL];
+    u32 w[U][NW];
+    i64 slot[U];
+    {
+        const u8* kp = p.k + (i64)tok0 * p.k_row_stride + c * (NV * VB);
+        const i64 kstep = (i64)tpp * p.k_row_stride;
 #pragma unroll
-    for (int u = 0; u < NG_QUNROLL; ++u) {
-        tok[u] = ((i64)blockIdx.x * NG_QUNROLL + u) * p.tokens_per_pass + lt;
-        slot[u] = -1;
+        for (int u = 0; u < U; ++u) {
+            const u32 tok = tok0 + u * tpp;
+            slot[u] = -1;
 #pragma unroll
-        for (int i = 0; i < NW; ++i) w[u][i] = 0u;
-        if (lt < p.tokens_per_pass && tok[u] < p.num_tokens) {
-            slot[u] = __ldg(p.slot_mapping + tok[u]);
-            ng_words(__ldg(reinterpret_cast<const V*>(p.k + tok[u] * p.k_row_stride) + c), w[u]);
+            for (int i = 0; i < NW; ++i) w[u][i] = 0u;
+            if (live && tok < (u32)p.num_tokens) {
+                slot[u] = __ldg(p.slot_mapping + tok);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    ng_words(__ldg(reinterpret_cast<const V*>(kp + u * kstep) + j), &w[u][j * (VB / 4)]);
+                }
+            }
         }
     }
 
     // Every thread takes part in the reductions (full-warp shuffles, block barriers).
-    float f[NG_QUNROLL][ELEMS];
-    u32 amax[NG_QUNROLL];
+    u32 key[NK];
 #pragma unroll
-    for (int u = 0; u < NG_QUNROLL; ++u) {
+    for (int k = 0; k < NK; ++k) {
+        u32 acc[2] = {0u, 0u};
 #pragma unroll
-        for (int i = 0; i < NW; ++i) Load<T>::unpack(w[u][i], &f[u][i * Load<T>::PER_WORD]);
-        amax[u] = 0u;
+        for (int j = 0; j < L::KEYS; ++j) {
+            if (k * L::KEYS + j < U) {
 #pragma unroll
-        for (int e = 0; e < ELEMS; ++e) amax[u] = max(amax[u], ng_abs_bits(f[u][e]));
+                for (int i = 0; i < NW; ++i) acc[j] = L::acc(acc[j], w[k * L::KEYS + j][i]);
+            }
+        }
+        key[k] = L::pair(acc[0], acc[1]);
     }
     for (int off = 1; off < group; off <<= 1) {
 #pragma unroll
-        for (int u = 0; u < NG_QUNROLL; ++u) amax[u] = max(amax[u], __shfl_xor_sync(0xffffffffu, amax[u], off));
+        for (int k = 0; k < NK; ++k) key[k] = L::merge(key[k], __shfl_xor_sync(0xffffffffu, key[k], off));
     }
-    if (group < qlanes) {  // quant block wider than a group (uniform: depends on params only)
-        const int g = tid / qlanes;  // (token, quant block) within the pass
+    u32 amax[U];
 #pragma unroll
-        for (int u = 0; u < NG_QUNROLL; ++u) s_amax[u][tid] = 0u;
+    for (int u = 0; u < U; ++u) amax[u] = L::bits(key[u / L::KEYS], u % L::KEYS);
+    if (group < qlanes) {  // quant block wider than a group (uniform: depends on params only)
+        const int g = qdiv(tid);  // (token, quant block) within the pass
+#pragma unroll
+        for (int u = 0; u < U; ++u) s_amax[u][tid] = 0u;
         __syncthreads();
         if ((tid & (group - 1)) == 0) {
 #pragma unroll
-            for (int u = 0; u < NG_QUNROLL; ++u) atomicMax(&s_amax[u][g], amax[u]);
+            for (int u = 0; u < U; ++u) atomicMax(&s_amax[u][g], amax[u]);
         }
         __syncthreads();
 #pragma unroll
-        for (int u = 0; u < NG_QUNROLL; ++u) amax[u] = s_amax[u][g];
+        for (int u = 0; u < U; ++u) amax[u] = s_amax[u][g];
     }
 
-    const int nq = p.head_dim / p.quant_block_size;
-#pragma unroll
-    for (int u = 0; u < NG_QUNROLL; ++u) {
-        const i64 s = slot[u];
-        if (s < 0) continue;  // padding (or no token)
-        if (s >= p.num_slots) {
-            if (c == 0) ng_report(p.error, NG_ERR_SLOT, tok[u], s, p.num_slots);
-            continue;
-        }
-        i64 blk, off;
-        ng_split_slot(s, block_size, blk, off);
-        u8* base = p.kv_cache + blk * p.block_stride;
-        float scale, inv;
-        ng_block_scale(amax[u], p.ue8m0, scale, inv);
-        u32 b[ELEMS];
-        ng_quant_n<ELEMS>(f[u], scale, inv, b);
-        ng_store_fp8<ELEMS>(base + off * p.head_dim + c * ELEMS, b);
-        if (c == q * qlanes) {
-            *reinterpret_cast<float*>(base + (i64)p.block_size * p.head_dim + (off * nq + q) * 4) = scale;
-        }
+    const int q = qdiv(c);
+    const PassOut o = {
+        p.kv_cache + c * ELEMS,                                     // + row: this lane's fp8 bytes
+        p.kv_cache + (i64)p.block_size * p.head_dim + 4 * q,        // + block: this lane's scale column
+        4 * qdiv(lanes),                                            // scale bytes per token
+        c == q * qlanes,                                            // first lane of its quant block
+        // Every lane's ELEMS bytes aligned to ELEMS: ELEMS divides head_dim, so base and stride decide.
+        (((u64)p.kv_cache | (u64)p.block_stride) & (ELEMS - 1)) == 0,
+        c == 0,
+    };
+    // The uniform choices made once, not in every pass.
+    // (Plain scales: the divisions dwarf a per-pass branch on the block size.)
+    const FastDiv block_size(p.block_size);
+    if (!p.ue8m0) {
+        ng_write_passes<T, NW, ELEMS, U, false, false>(p, o, w, slot, amax, block_size, tok0, tpp);
+    } else if (block_size.shift >= 0) {
+        ng_write_passes<T, NW, ELEMS, U, true, true>(p, o, w, slot, amax, block_size, tok0, tpp);
+    } else {
+        ng_write_passes<T, NW, ELEMS, U, false, true>(p, o, w, slot, amax, block_size, tok0, tpp);
     }
+}
+
+// Two adjacent vectors per lane halve the per-lane work that does not depend on the element
+// count (slot split, addresses, scale, shuffles), and give 16-byte stores for 2-byte types.
+// Taken when it keeps the host's layout: a power-of-two lane count (so tokens per pass
+// exactly doubles: the same tokens per block) and quant blocks of an even number of vectors.
+template <typename T, int VB>
+__device__ __forceinline__ void quant_vec(const QuantParams& p) {
+#if NG_QWIDE && NG_QUNROLL % 2 == 0
+    const u32 lanes = (u32)p.head_dim / (VB / T::SIZE), qlanes = (u32)p.quant_block_size / (VB / T::SIZE);
+    if (lanes >= 2 && (lanes & (lanes - 1)) == 0 && qlanes % 2 == 0) {
+        quant_vec_impl<T, VB, 2>(p);
+        return;
+    }
+#endif
+    quant_vec_impl<T, VB, 1>(p);
 }
 
 template <typename T>
@@ -229,15 +422,18 @@ __device__ __forceinline__ void quant_any(const QuantParams& p) {
     }
     const u8* src = p.k + tok * p.k_row_stride + (i64)q * qbs * T::SIZE;
     u32 amax = 0u;
-    for (int e = 0; e < qbs; ++e) amax = max(amax, ng_abs_bits(Load<T>::one(src + e * T::SIZE)));
-    i64 blk, off;
+    for (int e = 0; e < qbs; ++e) amax = max(amax, __float_as_uint(Load<T>::one(src + e * T::SIZE)) & 0x7fffffffu);
+    i64 blk;
+    int off;
     ng_split_slot(s, FastDiv(p.block_size), blk, off);
     u8* base = p.kv_cache + blk * p.block_stride;
     float scale, inv;
     ng_block_scale(amax, p.ue8m0, scale, inv);
-    u8* dst = base + off * p.head_dim + (i64)q * qbs;
-    for (int e = 0; e < qbs; ++e) dst[e] = (u8)ng_quant(Load<T>::one(src + e * T::SIZE), scale, inv);
-    *reinterpret_cast<float*>(base + (i64)p.block_size * p.head_dim + (off * nq + q) * 4) = scale;
+    u8* dst = base + (i64)off * p.head_dim + (i64)q * qbs;
+    for (int e = 0; e < qbs; ++e) {
+        dst[e] = (u8)ng_fp8e4m3x2_from_f32(ng_scaled(Load<T>::one(src + e * T::SIZE), scale, inv, p.ue8m0), 0.f);
+    }
+    *reinterpret_cast<float*>(base + (i64)p.block_size * p.head_dim + ((i64)off * nq + q) * 4) = scale;
 }
 
 // Fixed extern "C" names: the host finds them without NVRTC name expressions.

@@ -45,3 +45,17 @@ BASELINE_LINEAR_SCAN = KernelModule(
     kernels=("baseline_linear_scan",),
 )
 BENCH_MODULES: tuple[KernelModule, ...] = (BASELINE_LINEAR_SCAN,)
+
+# Benchmark-only builds of the quant module (nvrtc_gather/bench_quant.py times them against
+# QUANT through the same compile, cache and launch path; tests/test_quant_gpu.py runs the
+# integer fp8 encoder on a GPU through QUANT_SOFT_FP8). Distinct names: libraries are kept
+# per module name and arch. -DNG_QUNROLL=N must be matched by the launch
+# (quant_cache.launch_config(..., unroll=N)).
+QUANT_SOFT_FP8 = KernelModule("quant_cache_soft", QUANT.source, QUANT.kernels, QUANT.options + ("-DNG_SOFT_FP8=1",))
+BENCH_QUANT_VARIANTS: tuple[KernelModule, ...] = (
+    KernelModule("quant_cache_u1", QUANT.source, QUANT.kernels, QUANT.options + ("-DNG_QUNROLL=1",)),
+    KernelModule("quant_cache_u2", QUANT.source, QUANT.kernels, QUANT.options + ("-DNG_QUNROLL=2",)),
+    KernelModule("quant_cache_u8", QUANT.source, QUANT.kernels, QUANT.options + ("-DNG_QUNROLL=8",)),
+    KernelModule("quant_cache_narrow", QUANT.source, QUANT.kernels, QUANT.options + ("-DNG_QWIDE=0",)),
+    QUANT_SOFT_FP8,
+)

@@ -30,7 +30,7 @@ _SCALE_FMTS = {"ue8m0": True, "fp8_e4m3": False, "": False, None: False}
 # Mirrors struct QuantParams in cuda_src/quant_params.cuh (4 pointers, 3 int64, 6 int32).
 PARAMS = struct.Struct("<4Q3q6i")
 
-UNROLL = 2  # passes per block of the vector kernels: NG_QUNROLL in cuda_src/quant_cache.cu
+UNROLL = 4  # tokens per block of the vector kernels / tokens_per_pass: NG_QUNROLL in cuda_src/quant_cache.cu
 
 
 class QuantPlan(NamedTuple):
@@ -158,11 +158,13 @@ KERNEL_NAMES = {(dt, vec): f"quant_cache_{name}_{f'v{vec}' if vec else 'any'}"
 _kernels: dict[int, dict[str, int]] = {}  # device -> kernel name -> CUfunction
 
 
-def launch_config(plan: QuantPlan, k_dtype: torch.dtype, err_ptr: int = 0) -> tuple[str, int, tuple]:
-    """Kernel name, grid size and PARAMS values of a validated call with num_tokens > 0."""
+def launch_config(plan: QuantPlan, k_dtype: torch.dtype, err_ptr: int = 0,
+                  unroll: int = UNROLL) -> tuple[str, int, tuple]:
+    """Kernel name, grid size and PARAMS values of a validated call with num_tokens > 0.
+    ``unroll``: the NG_QUNROLL the module was compiled with (benchmark variants differ)."""
     n = plan.num_tokens
     if plan.vec:
-        per_block = UNROLL * plan.tokens_per_pass
+        per_block = unroll * plan.tokens_per_pass
         grid = (n + per_block - 1) // per_block
     else:  # one thread per (token, quant block)
         grid = (n * (plan.head_dim // plan.quant_block_size) + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK

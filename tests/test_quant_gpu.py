@@ -3,14 +3,19 @@
 The cache and the guard bytes around and between its blocks start as random bytes (every
 unwritten or stray byte shows); k is random and never zero. Small cases compare every byte
 with the torch path run on the CPU (itself checked against the per-token reference in
-test_quant_cpu.py); large ones with the torch path run on the GPU."""
+test_quant_cpu.py); large ones with the torch path run on the GPU.
+
+The op's own module converts to fp8 with the e4m3x2 instruction on sm_89+ (an H200 runs that
+through every test here); the integer encoder it uses on sm_80/86 is run on this GPU too,
+through the benchmark build kernels.QUANT_SOFT_FP8, as are the other benchmark builds."""
 import random
 
 import pytest
 import torch
 
 import nvrtc_gather as ng
-from nvrtc_gather import quant_cache
+from nvrtc_gather import kernels, quant_cache
+from nvrtc_gather.bench_quant import variant_launcher
 from nvrtc_gather.quant_torch import block_scales, quant_torch
 from reference import make_quant_case
 
@@ -262,3 +267,135 @@ def test_cache_above_4_gib():
     num_blocks = (4 << 30) // block_bytes + 4000  # ~4.3 GB; the top 200000 slots lie above the 4 GiB mark
     _large(100000, num_blocks=num_blocks, high=True, seed=4)
     torch.cuda.empty_cache()
+
+
+# --- the integer fp8 encoder (sm_80/86's path) and the other benchmark builds, on this GPU ---
+
+def check_variant(module, case_cpu):
+    """``module``'s kernel on a GPU copy of the case against the torch path on the CPU."""
+    g = case_cpu.to("cuda")
+    ng.indexer_k_quant_and_cache(*case_cpu.args())
+    if g.slot_mapping.numel():
+        variant_launcher(module, *g.args())()
+    torch.cuda.synchronize()
+    got = g.kv_store.cpu()
+    assert torch.equal(got, case_cpu.kv_store), f"{module.name}: {case_cpu.desc}: " + _first_diffs(got, case_cpu.kv_store)
+
+
+@pytest.mark.parametrize("hd,qbs,bs,dt,fmt,tokens", _grid())
+def test_soft_fp8_kernel_matches_cpu_on_grid(hd, qbs, bs, dt, fmt, tokens):
+    rng = random.Random(f"soft-{hd}-{qbs}-{bs}-{dt}-{fmt}")
+    check_variant(kernels.QUANT_SOFT_FP8, make_quant_case(
+        rng, head_dim=hd, quant_block_size=qbs, block_size=bs, dtype=DTYPES[dt], scale_fmt=fmt, num_tokens=tokens,
+        extra_rows=rng.choice([0, 7]), k_row_pad=rng.choice([0, 0, 4, 8, 1]), block_pad=rng.choice([0, 0, 4, 16])))
+
+
+@pytest.mark.parametrize("module", kernels.BENCH_QUANT_VARIANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("dt", DTYPES)
+def test_benchmark_builds_match_cpu(module, dt):
+    rng = random.Random(f"{module.name}-{dt}")
+    for hd, qbs in ((128, 128), (128, 32), (512, 512), (192, 96), (48, 12)):
+        for layout in range(5):
+            (row_pad, offset), _ = _LAYOUTS[DTYPES[dt].itemsize][layout]
+            for fmt in ("ue8m0", "fp8_e4m3"):
+                check_variant(module, make_quant_case(
+                    rng, head_dim=hd, quant_block_size=qbs, block_size=rng.choice([1, 16, 64]), dtype=DTYPES[dt],
+                    scale_fmt=fmt, num_tokens=rng.choice([5, 77, 300]), extra_rows=3, k_row_pad=row_pad,
+                    k_offset=offset, block_pad=rng.choice([0, 4, 16])))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", [kernels.QUANT_SOFT_FP8, kernels.BENCH_QUANT_VARIANTS[2]], ids=lambda m: m.name)
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+def test_benchmark_builds_131072_tokens(module, fmt):
+    g = torch.Generator(device="cuda").manual_seed(7)
+    tokens, num_blocks = 131072, 4096
+    kv = torch.randint(0, 256, (num_blocks, 64, 132), dtype=torch.uint8, device="cuda", generator=g)
+    slots = torch.randperm(num_blocks * 64, device="cuda", generator=g)[:tokens]
+    slots[torch.rand(tokens, device="cuda", generator=g) < 0.03] = -1
+    mag = torch.pow(10.0, torch.empty(tokens, 1, 1, device="cuda").uniform_(-6, 4, generator=g))
+    k = (torch.randn(tokens, 1, 128, device="cuda", generator=g) * mag).view(tokens, 128).to(BF16)
+    want = kv.clone()
+    quant_torch(quant_cache.plan_quant(k, want, slots, 128, fmt), k, want, slots)
+    variant_launcher(module, k, kv, slots, 128, fmt)()
+    torch.cuda.synchronize()
+    assert torch.equal(kv, want), _first_diffs(kv.view(-1), want.view(-1))
+
+
+# --- values chosen to hit every rounding case exactly -------------------------------------
+
+def _special_k(dt, hd=128, qbs=32):
+    """Rows of quant blocks whose amax is 448 * 2^e (so the scale is 2^e in both formats and
+    k / scale is exact): e4m3 ties between normals and between subnormals (round to even),
+    values just beside them, zeros of both signs, results below e4m3's smallest subnormal."""
+    m = torch.arange(8, dtype=torch.float64)
+    normal_ties = torch.cat([(1 + (2 * m + 1) / 16) * 2.0 ** e for e in (-6, -1, 0, 3, 7)])  # between normals
+    sub_ties = (2 * torch.arange(8, dtype=torch.float64) + 1) * 2.0 ** -10                    # between subnormals
+    pool = torch.cat([normal_ties, -normal_ties, sub_ties, -sub_ties, normal_ties * (1 + 2.0 ** -7),
+                      sub_ties * (1 - 2.0 ** -7),
+                      torch.tensor([0.0, -0.0, 2.0 ** -12, -(2.0 ** -12), 2.0 ** -11, 448.0, -448.0], dtype=torch.float64)])
+    rows = []
+    gen = torch.Generator().manual_seed(11)
+    for e in ((-4, 0, 3) if dt == torch.float16 else (-20, -4, 0, 3, 40)):
+        for r in range(6):
+            x = pool[torch.randint(0, pool.numel(), (hd,), generator=gen)].clone()
+            x.view(-1, qbs)[:, r % qbs] = 448.0  # amax 448 in every quant block: scale 2^e
+            rows.append(x * 2.0 ** e)
+    return torch.stack(rows).to(dt)
+
+
+@pytest.mark.parametrize("module", [kernels.QUANT, kernels.QUANT_SOFT_FP8], ids=lambda m: m.name)
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+def test_rounding_ties_zeros_and_subnormals(module, dt, fmt):
+    k = _special_k(DTYPES[dt])
+    slots = torch.randperm(4 * 16)[:k.shape[0]]
+    start = torch.randint(0, 256, (4, 16, 128 + 4 * 4), dtype=torch.uint8)
+    want = start.clone()
+    ng.indexer_k_quant_and_cache(k, want, slots, 32, fmt)  # the CPU path: torch's own conversion
+    got = start.cuda()
+    variant_launcher(module, k.cuda(), got, slots.cuda(), 32, fmt)()
+    torch.cuda.synchronize()
+    got = got.cpu()
+    assert torch.equal(got, want), _first_diffs(got.view(-1), want.view(-1))
+
+
+@pytest.mark.parametrize("module", [kernels.QUANT, kernels.QUANT_SOFT_FP8], ids=lambda m: m.name)
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+def test_inf_blocks_match_the_torch_path_on_the_gpu(module, fmt):
+    """A quant block holding +-inf: scale inf, finite values +-0, the infs NaN (0x7f: the
+    GPU's NaN is positive; on the CPU, x86's is negative, hence the GPU torch path here)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    k = torch.randn(64, 128, device="cuda", generator=g).to(BF16)
+    k[5, 3], k[9, 70], k[9, 71], k[20, 127] = float("inf"), float("-inf"), float("inf"), float("-inf")
+    kv = torch.randint(0, 256, (8, 16, 128 + 4 * 2), dtype=torch.uint8, device="cuda", generator=g)
+    slots = torch.randperm(8 * 16, device="cuda", generator=g)[:64]
+    want = kv.clone()
+    quant_torch(quant_cache.plan_quant(k, want, slots, 64, fmt), k, want, slots)
+    variant_launcher(module, k, kv, slots, 64, fmt)()
+    torch.cuda.synchronize()
+    assert torch.equal(kv, want), _first_diffs(kv.view(-1), want.view(-1))
+
+
+@pytest.mark.parametrize("module", [kernels.QUANT, kernels.QUANT_SOFT_FP8], ids=lambda m: m.name)
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+def test_nan_blocks(module, fmt):
+    """A quant block holding a NaN: its scale is a NaN and its values NaN codes (0x7f / 0xff;
+    NaN payloads and signs are not part of the contract); every other block is exact."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    k = torch.randn(32, 128, device="cuda", generator=g).to(BF16)
+    k[7, 10] = float("nan")
+    kv = torch.randint(0, 256, (4, 16, 128 + 4 * 2), dtype=torch.uint8, device="cuda", generator=g)
+    slots = torch.randperm(4 * 16, device="cuda", generator=g)[:32]
+    want = kv.clone()
+    quant_torch(quant_cache.plan_quant(k, want, slots, 64, fmt), k, want, slots)
+    variant_launcher(module, k, kv, slots, 64, fmt)()
+    torch.cuda.synchronize()
+    s = int(slots[7])
+    base = s // 16 * 16 * 136  # token 7's block; its quant block 0 holds the NaN
+    vals, scale = slice(base + s % 16 * 128, base + s % 16 * 128 + 64), slice(base + 16 * 128 + s % 16 * 8,
+                                                                          base + 16 * 128 + s % 16 * 8 + 4)
+    got, exp = kv.view(-1), want.view(-1)
+    assert bool(((got[vals] & 0x7f) == 0x7f).all()) and bool(torch.isnan(got[scale].view(torch.float32)).all())
+    got[vals], got[scale] = exp[vals], exp[scale]
+    assert torch.equal(got, exp), _first_diffs(got, exp)
