@@ -113,20 +113,8 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
     if num_tokens > rows:
         raise ValueError(f"slot_mapping: {num_tokens} entries, more than the {rows} rows of k "
                          "(only the first len(slot_mapping) rows of k are written)")
-    if block_size < 1:
-        raise ValueError(f"kv_cache: block_size (dim 1) must be >= 1, got shape {tuple(kv_shape)}")
     nq = head_dim // qbs
-    if cache_stride < head_dim + 4 * nq:
-        raise ValueError(
-            f"kv_cache: cache_stride (dim 2) must be at least head_dim + 4 * head_dim / quant_block_size = "
-            f"{head_dim + 4 * nq}, got shape {tuple(kv_shape)}")
-
-    s0, s1, s2 = kv_cache.stride()
-    if (cache_stride > 1 and s2 != 1) or (block_size > 1 and s1 != cache_stride) or \
-            (num_blocks > 1 and s0 < block_size * cache_stride):
-        raise ValueError(
-            f"kv_cache: each block must be contiguous (strides (>= {block_size * cache_stride}, {cache_stride}, 1)), "
-            f"got strides {(s0, s1, s2)}")
+    block_stride = v.cache_block_stride(kv_cache, kv_shape, head_dim, nq)
     k_row, k_col = k.stride()
     if k_col != 1:
         v.unit_inner_stride("k", k)
@@ -141,7 +129,6 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
     esize = k.element_size()
     k_ptr, kv_ptr = k.data_ptr(), kv_cache.data_ptr()
     k_row_bytes = k_row * esize
-    block_stride = s0 if num_blocks > 1 else block_size * cache_stride
     if (kv_ptr | block_stride) & 3 or k_ptr % esize:
         v.aligned("kv_cache", "data pointer", kv_ptr)
         v.aligned("kv_cache", "stride(0)", block_stride)

@@ -333,15 +333,16 @@ def test_fifo_entry_does_not_block_a_reader(tmp_path):
 
 
 def test_warm_target_lookup_does_not_load_nvrtc(tmp_path):
-    """A fresh process whose cache holds the exact arch's cubin finds it without NVRTC."""
-    code = ("import sys; from nvrtc_gather import registry, kernels, compiler;"
+    """A fresh process whose cache holds the exact arch's cubin finds it without asking
+    NVRTC anything (loading it costs ~50 ms; torch's CUDA build may map the library anyway)."""
+    code = ("from nvrtc_gather import registry, kernels, compiler;"
             "t = registry._target_for(kernels.GATHER, 90);"
-            "maps = open('/proc/self/maps').read();"
-            "print(t.arch, 'libnvrtc' in maps)")
+            "print(t.arch, compiler.nvrtc_version.cache_info().currsize + "
+            "compiler.supported_archs.cache_info().currsize)")
     env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=str(tmp_path))
     subprocess.run([sys.executable, "-c", "from nvrtc_gather import registry, kernels, compiler;"
                     "registry.build_image(kernels.GATHER, compiler.Target('sm_90'))"], env=env, check=True)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     if compiler.compiler_identity().startswith("nvrtc "):
         pytest.skip("NVRTC is not installed from the nvidia-cuda-nvrtc wheel here")
-    assert out.split() == ["sm_90", "False"]
+    assert out.split() == ["sm_90", "0"]
