@@ -121,7 +121,8 @@ def pick_target(capability: int, supported: tuple[int, ...] | None = None) -> Ta
         raise MissingDependencyError(
             f"this NVRTC ({'.'.join(map(str, nvrtc_version()))}) cannot compile for compute capability "
             f"{capability // 10}.{capability % 10} (it supports {', '.join(f'sm_{a}' for a in known)}); "
-            "install an nvidia-cuda-nvrtc release that supports your GPU"
+            "the GPU is older than the oldest arch it supports: install an older nvidia-cuda-nvrtc (and the "
+            "matching cuda-bindings) that still supports it"
         )
     return Target(f"compute_{max(older)}")
 

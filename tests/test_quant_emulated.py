@@ -5,15 +5,13 @@ catches indexing, reduction and struct-layout bugs without a GPU; it says nothin
 GPU arithmetic (that is test_quant_gpu.py's job). Skipped without a C++20 compiler."""
 import ctypes
 import random
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from nvrtc_gather import quant_cache, sources
+from nvrtc_gather import quant_cache
 from nvrtc_gather.quant_torch import quant_torch
+from host_emu import emulator
 from reference import make_quant_case
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -21,22 +19,7 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the host emulator of the kernels")
-    lib = tmp_path_factory.mktemp("emu") / "libquantemu.so"
-    here = Path(__file__).resolve().parent
-    r = subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
-                        "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
-                        '-DKERNEL_FILE="quant_cache.cu"', "-DKERNEL_PARAMS=QuantParams",
-                        str(here / "cuda_host_emu.cpp"), "-o", str(lib)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"could not build the host emulator: {r.stderr[-800:]}")
-    dll = ctypes.CDLL(str(lib))
-    dll.emu_launch.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
-    dll.emu_launch.restype = ctypes.c_int
-    dll.emu_faults.restype = ctypes.c_int
-    return dll
+    return emulator(tmp_path_factory)
 
 
 def launch(dll, name, grid, values):

@@ -5,16 +5,14 @@ run by the host emulator (tests/cuda_host_emu.cpp, which always takes the intege
 with the grid that build needs, are bit-exact against the torch path, on random cases and on
 values that hit every rounding case of e4m3 exactly."""
 import random
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from nvrtc_gather import compiler, kernels, quant_cache, sources
+from nvrtc_gather import compiler, kernels, quant_cache
 from nvrtc_gather.bench_quant import variant_unroll
 from nvrtc_gather.quant_torch import quant_torch
+from host_emu import emulator
 from reference import make_quant_case
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -50,38 +48,8 @@ def test_benchmark_builds_have_distinct_names():
 
 # --- emulated -----------------------------------------------------------------------------
 
-_BUILDS = {}
-
-
 def _emulator(tmp_path_factory, defines):
-    """The host emulator of cuda_src/quant_cache.cu built with ``defines`` (cached per set).
-
-    Several builds live in one process, each with its own __shared__ arrays (static locals of
-    templates: GCC would make them STB_GNU_UNIQUE, one object for every library that defines
-    the symbol, whatever its size there; -fno-gnu-unique keeps them apart)."""
-    import ctypes
-    if defines in _BUILDS:
-        return _BUILDS[defines]
-    cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the host emulator of the kernels")
-    lib = tmp_path_factory.mktemp("emu") / "libquantemu.so"
-    here = Path(__file__).resolve().parent
-    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
-           "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
-           '-DKERNEL_FILE="quant_cache.cu"', "-DKERNEL_PARAMS=QuantParams", *defines,
-           str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
-    r = subprocess.run(cmd[:1] + ["-fno-gnu-unique"] + cmd[1:], capture_output=True, text=True)
-    if r.returncode and "gnu-unique" in r.stderr:  # not GCC: clang does not make them unique
-        r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"could not build the host emulator: {r.stderr[-800:]}")
-    dll = ctypes.CDLL(str(lib))
-    dll.emu_launch.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
-    dll.emu_launch.restype = ctypes.c_int
-    dll.emu_faults.restype = ctypes.c_int
-    _BUILDS[defines] = dll
-    return dll
+    return emulator(tmp_path_factory, defines)
 
 
 def _run(dll, unroll, k, kv, slots, qbs, fmt):

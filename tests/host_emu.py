@@ -1,0 +1,43 @@
+"""Builds the host emulator of the quant kernels (tests/cuda_host_emu.cpp running
+cuda_src/quant_cache.cu on CPU threads) for the tests that need it."""
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvrtc_gather import sources
+
+_BUILDS: dict = {}
+
+
+def emulator(tmp_path_factory, defines: tuple = ()):
+    """The emulator built with extra ``-D`` ``defines`` (one build per set, per process);
+    skips the test when no C++20 compiler is available.
+
+    Several builds live in one process, each with its own __shared__ arrays (static locals of
+    templates: GCC would make them STB_GNU_UNIQUE, one object for every library that defines
+    the symbol, whatever its size there; -fno-gnu-unique keeps them apart)."""
+    if defines in _BUILDS:
+        return _BUILDS[defines]
+    cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the host emulator of the kernels")
+    lib = tmp_path_factory.mktemp("emu") / "libquantemu.so"
+    here = Path(__file__).resolve().parent
+    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
+           "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
+           '-DKERNEL_FILE="quant_cache.cu"', "-DKERNEL_PARAMS=QuantParams", *defines,
+           str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
+    r = subprocess.run(cmd[:1] + ["-fno-gnu-unique"] + cmd[1:], capture_output=True, text=True)
+    if r.returncode and "gnu-unique" in r.stderr:  # not GCC: clang does not make them unique
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"could not build the host emulator: {r.stderr[-800:]}")
+    dll = ctypes.CDLL(str(lib))
+    dll.emu_launch.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
+    dll.emu_launch.restype = ctypes.c_int
+    dll.emu_faults.restype = ctypes.c_int
+    _BUILDS[defines] = dll
+    return dll
