@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU in one go (one device call): the test suite, the GPU
 # tests again under compute-sanitizer memcheck, and the benchmark.
-#   scripts/gpu_check.sh [tests] [memcheck] [bench]      (default: all three)
+#   scripts/gpu_check.sh [tests] [quick] [memcheck] [racecheck] [bench] [PATH ...]
+#   (default: tests memcheck bench; quick = the GPU tests without the slow ones;
+#   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark)
 # Logs and results go to $OUT (the device tool's output folder) or ./out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,8 @@ for stage in $stages; do
   case $stage in
     tests)
       python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25 || status=1 ;;
+    quick)
+      python3 -m pytest -q -rs -p no:cacheprovider -m "gpu and not slow" tests 2>&1 | tee "$OUT/quick.log" | tail -25 || status=1 ;;
     memcheck)
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/test_gather_gpu.py tests/test_quant_gpu.py -k "not second_process" 2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1 ;;
