@@ -147,6 +147,23 @@ def get_function(lib, name: str) -> int:
     return int(check(drv.cuKernelGetFunction(kernel), f"cuKernelGetFunction({name})"))
 
 
+def in_primary_context(device: int, fn):
+    """fn() with ``device``'s primary context current, the caller's restored afterwards
+    (push/pop, so torch's idea of the current device never changes). Pushes only when
+    another context, or none, is current."""
+    r = raw()
+    ctx = primary_context(device)
+    cur = ctypes.c_void_p()
+    r.ctx_get_current(ctypes.byref(cur))
+    if cur.value == ctx:
+        return fn()
+    check(r.ctx_push(ctx), "cuCtxPushCurrent")
+    try:
+        return fn()
+    finally:
+        r.ctx_pop(ctypes.byref(ctypes.c_void_p()))
+
+
 def stream_is_capturing(stream: int) -> bool:
     drv = _bindings()
     status = check(drv.cuStreamIsCapturing(drv.CUstream(stream)), "cuStreamIsCapturing")

@@ -49,14 +49,10 @@ def launch(device: int, function: int, grid: int, stream: int, layout: struct.St
     if ctx is None:
         ctx = _contexts.setdefault(device, driver.primary_context(device))
     raw.ctx_get_current(cur_ref)
-    if cur.value == ctx:
+    if cur.value == ctx:  # the usual case, checked inline: this runs on every op call
         rc = raw.launch_ex(cfg_addr, function, params, None)
     else:  # tensors on another device than the current one, or a thread that never used CUDA
-        driver.check(raw.ctx_push(ctx), "cuCtxPushCurrent")
-        try:
-            rc = raw.launch_ex(cfg_addr, function, params, None)
-        finally:
-            raw.ctx_pop(cur_ref)
+        rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
     if rc:
         raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
 

@@ -102,9 +102,10 @@ def _load(module: KernelModule, target: compiler.Target, device: int, image: byt
     fresh = lib is None
     if fresh:
         lib = driver.load_library(image)
-        stats["loads"] += 1
+        _count("loads")
     try:
-        fns = _in_context(device, lambda: {name: driver.get_function(lib, name) for name in module.kernels})
+        fns = driver.in_primary_context(device, lambda: {name: driver.get_function(lib, name)
+                                                          for name in module.kernels})
     except CudaError:
         if fresh:
             driver.unload_library(lib)
@@ -113,11 +114,13 @@ def _load(module: KernelModule, target: compiler.Target, device: int, image: byt
     return fns
 
 
-def _build_and_load(module: KernelModule, target: compiler.Target, device: int) -> dict[str, int]:
-    """A cached image that fails to load is discarded, compiled afresh and replaced, once."""
+def _build_and_load(module: KernelModule, target: compiler.Target, device: int,
+                    built: BuildResult | None = None) -> dict[str, int]:
+    """Load ``built`` (or build the image now); a cached image that fails to load is
+    discarded, compiled afresh and replaced, once."""
     if (module.name, target.arch) in _libraries:
         return _load(module, target, device, None)
-    built = build_image(module, target)
+    built = built or build_image(module, target)
     try:
         return _load(module, target, device, built.image)
     except CudaError:
@@ -133,15 +136,20 @@ def _build_and_load(module: KernelModule, target: compiler.Target, device: int) 
     return _load(module, target, device, image)
 
 
-def _target_for(module: KernelModule, capability: int) -> compiler.Target:
-    """The target for a GPU: a cached cubin for its exact sm_XY is taken as it is, without
-    loading NVRTC to ask which archs it supports (~50 ms of a warm first call); anything
-    else goes through compiler.pick_target."""
+def _cached_exact(module: KernelModule, capability: int) -> tuple[compiler.Target, BuildResult | None]:
+    """The target for a GPU, with its image when the disk cache holds a cubin for the GPU's
+    exact sm_XY: that is taken as it is, read once, without loading NVRTC to ask which
+    archs it supports (~50 ms of a warm first call). Otherwise compiler.pick_target's
+    target and no image yet."""
     exact = compiler.Target(f"sm_{capability}")
     disk = cache_mod.current()
-    if disk is not None and disk.get(entry_name(module, exact), cache_key(module, exact)) is not None:
-        return exact
-    return compiler.pick_target(capability)
+    if disk is not None:
+        key = cache_key(module, exact)
+        image = disk.get(entry_name(module, exact), key)
+        if image is not None:
+            _count("disk_hits")
+            return exact, BuildResult(image, key, True)
+    return compiler.pick_target(capability), None
 
 
 def functions(module: KernelModule, device: int, stream: int = 0) -> dict[str, int]:
@@ -160,27 +168,10 @@ def functions(module: KernelModule, device: int, stream: int = 0) -> dict[str, i
                 f"nvrtc_gather's {module.name} kernels are not loaded on cuda:{device} yet and the stream is "
                 f"capturing a CUDA graph; call nvrtc_gather.preload({device}) (or run the op once) before capture"
             )
-        target = _target_for(module, driver.capability(device))
-        fns = _build_and_load(module, target, device)
+        target, built = _cached_exact(module, driver.capability(device))
+        fns = _build_and_load(module, target, device, built)
         _functions[fk] = fns
         return fns
-
-
-def _in_context(device: int, fn):
-    """Run fn with ``device``'s primary context current, restoring the caller's context."""
-    import ctypes
-
-    raw = driver.raw()
-    ctx = driver.primary_context(device)
-    cur = ctypes.c_void_p()
-    raw.ctx_get_current(ctypes.byref(cur))
-    if (cur.value or 0) == ctx:
-        return fn()
-    driver.check(raw.ctx_push(ctx), "cuCtxPushCurrent")
-    try:
-        return fn()
-    finally:
-        raw.ctx_pop(ctypes.byref(ctypes.c_void_p()))
 
 
 def preload(device: int | None = None, modules=None) -> None:

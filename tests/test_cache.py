@@ -336,7 +336,7 @@ def test_warm_target_lookup_does_not_load_nvrtc(tmp_path):
     """A fresh process whose cache holds the exact arch's cubin finds it without asking
     NVRTC anything (loading it costs ~50 ms; torch's CUDA build may map the library anyway)."""
     code = ("from nvrtc_gather import registry, kernels, compiler;"
-            "t = registry._target_for(kernels.GATHER, 90);"
+            "t, built = registry._cached_exact(kernels.GATHER, 90); assert built.from_cache;"
             "print(t.arch, compiler.nvrtc_version.cache_info().currsize + "
             "compiler.supported_archs.cache_info().currsize)")
     env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=str(tmp_path))

@@ -1,0 +1,120 @@
+"""registry.functions and the launcher's context handling against a fake CUDA driver, so
+the load path runs in CI without a GPU: NVRTC and the disk cache are real."""
+import struct
+
+import pytest
+
+from nvrtc_gather import cache, driver, kernels, launcher, registry
+from nvrtc_gather.errors import CudaError
+
+
+class FakeDriver:
+    """Records loads; refuses images listed in ``bad`` the way the real driver does (the
+    load itself succeeds, fetching a kernel fails)."""
+
+    def __init__(self):
+        self.loaded, self.bad, self.current, self.pushed = [], set(), 0, []
+        self.launches, self.fetch_ctx = [], []
+
+    def load_library(self, image):
+        self.loaded.append(image)
+        return len(self.loaded)
+
+    def unload_library(self, lib):
+        pass
+
+    def get_function(self, lib, name):
+        self.fetch_ctx.append(self.pushed[-1] if self.pushed else self.current)
+        if self.loaded[lib - 1] in self.bad:
+            raise CudaError("cuKernelGetFunction", 209, "CUDA_ERROR_NO_BINARY_FOR_GPU")
+        return 1000 * lib + len(name)
+
+    # the raw entry points the launcher and in_primary_context call
+    def ctx_get_current(self, ref):
+        ref._obj.value = self.current or None
+        return 0
+
+    def ctx_push(self, ctx):
+        self.pushed.append(ctx)
+        return 0
+
+    def ctx_pop(self, ref):
+        self.pushed.pop()
+        return 0
+
+    def launch_ex(self, cfg, fn, params, extra):
+        self.launches.append((self.pushed[-1] if self.pushed else self.current, fn))
+        return 0
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    f = FakeDriver()
+    monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", str(tmp_path))
+    for name in ("load_library", "unload_library", "get_function"):
+        monkeypatch.setattr(driver, name, getattr(f, name))
+    monkeypatch.setattr(driver, "capability", lambda device: 90)
+    monkeypatch.setattr(driver, "primary_context", lambda device: 7 + device)
+    monkeypatch.setattr(driver, "raw", lambda: f)
+    monkeypatch.setattr(launcher, "_raw", f)
+    monkeypatch.setattr(launcher, "_contexts", {})
+    monkeypatch.setattr(registry, "_libraries", {})
+    monkeypatch.setattr(registry, "_functions", {})
+    return f
+
+
+def _forget_loaded(monkeypatch):
+    """What a fresh process knows: nothing in memory, the disk cache as it is."""
+    monkeypatch.setattr(registry, "_libraries", {})
+    monkeypatch.setattr(registry, "_functions", {})
+
+
+def test_cold_then_warm_reads_the_cache_entry_once(fake, monkeypatch):
+    before = dict(registry.stats)
+    fns = registry.functions(kernels.GATHER, 0)
+    assert set(fns) == set(kernels.GATHER.kernels) and len(fake.loaded) == 1
+    assert registry.stats["compiles"] == before["compiles"] + 1
+
+    _forget_loaded(monkeypatch)
+    reads = []
+    real_get = cache.DiskCache.get
+    monkeypatch.setattr(cache.DiskCache, "get", lambda self, n, k: reads.append(n) or real_get(self, n, k))
+    compiles = registry.stats["compiles"]
+    registry.functions(kernels.GATHER, 0)
+    assert registry.stats["compiles"] == compiles
+    assert reads == [registry.entry_name(kernels.GATHER, registry.compiler.Target("sm_90"))]
+    assert fake.loaded[1] == fake.loaded[0]
+
+
+def test_cached_image_the_driver_refuses_is_recompiled_and_replaced(fake, monkeypatch):
+    registry.functions(kernels.GATHER, 0)
+    target = registry.compiler.Target("sm_90")
+    key = registry.cache_key(kernels.GATHER, target)
+    disk = cache.current()
+    good = disk.get(registry.entry_name(kernels.GATHER, target), key)
+    # An intact entry (right key, right checksum) holding code the driver will not take.
+    disk.put(registry.entry_name(kernels.GATHER, target), key, b"\x7fELF not really a cubin")
+    fake.bad.add(b"\x7fELF not really a cubin")
+    _forget_loaded(monkeypatch)
+    compiles = registry.stats["compiles"]
+    fns = registry.functions(kernels.GATHER, 0)
+    assert registry.stats["compiles"] == compiles + 1 and set(fns) == set(kernels.GATHER.kernels)
+    assert disk.get(registry.entry_name(kernels.GATHER, target), key) == good
+
+
+def test_launch_pushes_the_primary_context_only_when_another_is_current(fake):
+    layout = struct.Struct("<Q")
+    fake.current = 7  # device 0's primary context is current
+    launcher.launch(0, 42, 3, 0, layout, (5,))
+    fake.current = 7  # tensors on device 1 while device 0 is current
+    launcher.launch(1, 43, 3, 0, layout, (5,))
+    fake.current = 0  # a thread where no context is current
+    launcher.launch(0, 44, 3, 0, layout, (5,))
+    assert fake.launches == [(7, 42), (8, 43), (7, 44)]
+    assert fake.pushed == []  # every push popped
+
+
+def test_kernels_are_fetched_in_the_devices_primary_context(fake):
+    fake.current = 7  # device 0's context is current; the kernels are wanted on device 1
+    registry.functions(kernels.GATHER, 1)
+    assert fake.fetch_ctx == [8] * len(kernels.GATHER.kernels) and fake.pushed == []
