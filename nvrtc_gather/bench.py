@@ -195,19 +195,20 @@ def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
     out = []
+    chosen = gather.tokens_per_cta  # plan_gather looks it up by name on every call
     try:
         for batch, mean in WORKLOADS:
             w = Workload(batch, mean, l2, seed=batch * 7 + mean)
             k, s = w.outputs()
             row = {"workload": w.name}
             for tpc in values:
-                gather._TPC_OVERRIDE = tpc
+                gather.tokens_per_cta = lambda head_dim, num_tokens, sm_count, tpc=tpc: tpc
                 row[tpc] = time_gpu(lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu),
                                     flush, reps)
             out.append(row)
             print(f"{w.name:>12} " + " ".join(f"{row[t]:8.1f}" for t in values), flush=True)
     finally:
-        gather._TPC_OVERRIDE = 0
+        gather.tokens_per_cta = chosen
     return out
 
 

@@ -162,8 +162,7 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
     vec = 16 if not low & 15 else (8 if not low & 7 else 4)
     tpc = 0
     if device >= 0:
-        sms = _sm_counts.get(device) or _sm_counts.setdefault(device, driver.sm_count(device))
-        tpc = tokens_per_cta(head_dim, num_tokens, sms)
+        tpc = tokens_per_cta(head_dim, num_tokens, driver.sm_count(device))  # lru_cached
     return GatherPlan(device, vec, kv_ptr, k_ptr, s_ptr, block_table.data_ptr(), cu_seq_lens.data_ptr(),
                       block_stride, k_row, scale_row_stride, bt_row, num_tokens, batch, max_blocks, num_blocks,
                       block_size, head_dim, scale_words, tpc)
@@ -172,16 +171,12 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
 def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
     """Rows per thread block: enough bytes per block to keep loads in flight, but small
     calls are spread over every SM (about 2 blocks each), since latency bounds them."""
-    if _TPC_OVERRIDE:
-        return _TPC_OVERRIDE
     most = max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
     spread = -(-num_tokens // (2 * sm_count))
     return max(1, min(most, max(_MIN_TOKENS_PER_CTA, spread)))
 
 
 _MIN_TOKENS_PER_CTA = 8
-_TPC_OVERRIDE = 0  # benchmarks only: force a value
-_sm_counts: dict[int, int] = {}
 _kernels: dict[int, dict[int, int]] = {}  # device -> vector width -> CUfunction
 
 

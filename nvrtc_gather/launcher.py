@@ -15,7 +15,6 @@ from .kernels import THREADS_PER_BLOCK
 
 _tls = threading.local()
 _PARAM_BYTES = 4096  # the driver's limit for kernel parameters
-_contexts: dict[int, int] = {}  # device -> primary context handle
 
 
 def _thread_state():
@@ -45,9 +44,7 @@ def launch(device: int, function: int, grid: int, stream: int, layout: struct.St
     layout.pack_into(buf, 0, *values)
     cfg.gridDimX = grid
     cfg.hStream = stream
-    ctx = _contexts.get(device)
-    if ctx is None:
-        ctx = _contexts.setdefault(device, driver.primary_context(device))
+    ctx = driver.primary_context(device)  # lru_cached
     raw.ctx_get_current(cur_ref)
     if cur.value == ctx:  # the usual case, checked inline: this runs on every op call
         rc = raw.launch_ex(cfg_addr, function, params, None)

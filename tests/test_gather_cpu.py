@@ -97,3 +97,12 @@ def test_fp8_kv_cache_dtype_is_accepted():
     case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=4)
     case.kv_cache = case.kv_cache.view(torch.float8_e4m3fn)
     _check(case)
+
+
+def test_rows_per_block():
+    from nvrtc_gather.gather import tokens_per_cta
+    assert tokens_per_cta(128, 131072, 132) == 128   # big calls: 16 KiB of fp8 data per block
+    assert tokens_per_cta(512, 10 ** 6, 132) == 32
+    assert tokens_per_cta(128, 1000, 132) == 8       # small calls: spread over the SMs, >= 8 rows
+    assert tokens_per_cta(128, 20000, 132) == 76     # ~2 blocks per SM
+    assert tokens_per_cta(4, 10 ** 6, 132) == 256    # never more rows than threads

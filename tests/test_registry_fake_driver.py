@@ -57,7 +57,6 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "primary_context", lambda device: 7 + device)
     monkeypatch.setattr(driver, "raw", lambda: f)
     monkeypatch.setattr(launcher, "_raw", f)
-    monkeypatch.setattr(launcher, "_contexts", {})
     monkeypatch.setattr(registry, "_libraries", {})
     monkeypatch.setattr(registry, "_functions", {})
     return f
