@@ -27,7 +27,7 @@ import torch
 
 from . import compiler, driver, gather, launcher, registry
 from .gather_torch import gather_torch
-from .kernels import BASELINE_LINEAR_SCAN, THREADS_PER_BLOCK
+from .kernels import BASELINE_LINEAR_SCAN, GATHER, THREADS_PER_BLOCK
 from .streams import current_stream
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
@@ -248,7 +248,7 @@ def host_cost(calls: int = 10000) -> dict:
 
     dev = torch.cuda.current_device()
     p = plan(*args)
-    fn = gather._kernels[dev][p.vec]
+    fn = registry.functions(GATHER, dev)[gather.KERNEL_NAMES[p.vec]]
     tpc = p.tokens_per_cta
     values = p[2:] + (0,)
     stream = current_stream(dev)

@@ -177,7 +177,8 @@ def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
 
 
 _MIN_TOKENS_PER_CTA = 8
-_kernels: dict[int, dict[int, int]] = {}  # device -> vector width -> CUfunction
+# vector width -> entry point of cuda_src/gather_indexer_k.cu
+KERNEL_NAMES = {vec: f"gather_indexer_k_v{vec}" for vec in (16, 8, 4)}
 
 
 def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,
@@ -205,14 +206,11 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if plan.num_tokens == 0 or plan.batch == 0:
         return
     stream = current_stream(device)
-    fns = _kernels.get(device)
-    if fns is None:
-        by_name = registry.functions(GATHER, device, stream)
-        fns = _kernels[device] = {vec: by_name[f"gather_indexer_k_v{vec}"] for vec in (16, 8, 4)}
+    fn = registry.functions(GATHER, device, stream)[KERNEL_NAMES[plan.vec]]
     grid = (plan.num_tokens + plan.tokens_per_cta - 1) // plan.tokens_per_cta
     if not settings.debug_enabled():
-        launcher.launch(device, fns[plan.vec], grid, stream, PARAMS, plan[2:] + (0,))
+        launcher.launch(device, fn, grid, stream, PARAMS, plan[2:] + (0,))
         return
     err = debug_check.error_buffer(device)
-    launcher.launch(device, fns[plan.vec], grid, stream, PARAMS, plan[2:] + (err.data_ptr(),))
+    launcher.launch(device, fn, grid, stream, PARAMS, plan[2:] + (err.data_ptr(),))
     debug_check.raise_if_set(err, "cp_gather_indexer_k_quant_cache")

@@ -142,7 +142,6 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
 # (k dtype, vector width) -> entry point of cuda_src/quant_cache.cu
 KERNEL_NAMES = {(dt, vec): f"quant_cache_{name}_{f'v{vec}' if vec else 'any'}"
                 for dt, name in _TYPE_NAMES.items() for vec in (16, 8, 0)}
-_kernels: dict[int, dict[str, int]] = {}  # device -> kernel name -> CUfunction
 
 
 def launch_config(plan: QuantPlan, k_dtype: torch.dtype, err_ptr: int = 0,
@@ -186,9 +185,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     if plan.num_tokens == 0:
         return
     stream = current_stream(device)
-    fns = _kernels.get(device)
-    if fns is None:
-        fns = _kernels[device] = registry.functions(QUANT, device, stream)
+    fns = registry.functions(QUANT, device, stream)
     err = debug_check.error_buffer(device) if settings.debug_enabled() else None
     name, grid, values = launch_config(plan, k.dtype, 0 if err is None else err.data_ptr())
     launcher.launch(device, fns[name], grid, stream, PARAMS, values)

@@ -66,3 +66,9 @@ def test_no_gpu_driver_says_what_to_install():
         assert "install the NVIDIA driver" in str(exc)
     else:
         pytest.skip("a CUDA driver is present on this machine")
+
+
+def test_ops_launch_only_entry_points_their_module_declares():
+    from nvrtc_gather import gather, quant_cache
+    assert set(gather.KERNEL_NAMES.values()) == set(kernels.GATHER.kernels)
+    assert set(quant_cache.KERNEL_NAMES.values()) == set(kernels.QUANT.kernels)

@@ -117,3 +117,33 @@ def test_kernels_are_fetched_in_the_devices_primary_context(fake):
     fake.current = 7  # device 0's context is current; the kernels are wanted on device 1
     registry.functions(kernels.GATHER, 1)
     assert fake.fetch_ctx == [8] * len(kernels.GATHER.kernels) and fake.pushed == []
+
+
+def test_both_ops_dispatch_through_registry_and_launcher(fake, monkeypatch):
+    """The ops' CUDA branch (kernel choice, grid, parameter packing, launch) with the plan
+    of CPU tensors relabelled as device 0 and the fake driver underneath."""
+    import random
+
+    import torch
+
+    from nvrtc_gather import gather, quant_cache
+    from reference import make_gather_case, make_quant_case
+
+    fake.current = 7
+    c = make_gather_case(random.Random(1), block_size=16, head_dim=128, quant_block_size=64, batch=5,
+                         strided=False)
+    plan = gather.plan_gather(*c.args())._replace(device=0, tokens_per_cta=8)
+    monkeypatch.setattr(gather, "plan_gather", lambda *a: plan)
+    monkeypatch.setattr(gather, "current_stream", lambda device: 0)
+    gather.cp_gather_indexer_k_quant_cache(*c.args())
+    fns = registry.functions(kernels.GATHER, 0)
+    assert fake.launches[-1] == (7, fns[gather.KERNEL_NAMES[plan.vec]])
+
+    q = make_quant_case(random.Random(2), head_dim=128, quant_block_size=64, block_size=16,
+                        dtype=torch.bfloat16, scale_fmt="ue8m0", num_tokens=20)
+    qplan = quant_cache.plan_quant(*q.args())._replace(device=0)
+    monkeypatch.setattr(quant_cache, "plan_quant", lambda *a: qplan)
+    monkeypatch.setattr(quant_cache, "current_stream", lambda device: 0)
+    quant_cache.indexer_k_quant_and_cache(*q.args())
+    name = quant_cache.KERNEL_NAMES[torch.bfloat16, qplan.vec]
+    assert fake.launches[-1] == (7, registry.functions(kernels.QUANT, 0)[name])
