@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from . import sources
 from .errors import CompileError, MissingDependencyError
+from ._version import installed_version
 from .kernels import KernelModule
 
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
@@ -18,12 +19,10 @@ def _install_hint() -> str:
     """What to install, naming the nvidia-cuda-nvrtc major that the installed cuda-bindings loads."""
     hint = ("install NVRTC for Python: pip install cuda-bindings nvidia-cuda-nvrtc "
             "(the nvidia-cuda-nvrtc major version must match cuda-bindings')")
-    try:
-        from importlib.metadata import version
-        major = version("cuda-bindings").split(".")[0]
-        return f"{hint}; cuda-bindings {version('cuda-bindings')} is installed: pip install 'nvidia-cuda-nvrtc=={major}.*'"
-    except Exception:  # cuda-bindings not installed (or no metadata): the generic hint says it all
+    bindings = installed_version("cuda-bindings")
+    if bindings is None:  # the generic hint says it all
         return hint
+    return f"{hint}; cuda-bindings {bindings} is installed: pip install 'nvidia-cuda-nvrtc=={bindings.split('.')[0]}.*'"
 
 
 @dataclass(frozen=True)
@@ -86,14 +85,10 @@ def compiler_identity() -> str:
     NVRTC comes from the nvidia-cuda-nvrtc wheel matching cuda-bindings (which
     cuda.pathfinder loads first) the wheel's exact version is read from its metadata;
     otherwise the loaded library's major.minor."""
-    try:
-        from importlib.metadata import version
-        wheel = version("nvidia-cuda-nvrtc")
-        if wheel.split(".")[0] == version("cuda-bindings").split(".")[0]:
-            return f"nvidia-cuda-nvrtc {wheel}"
-    except Exception:  # not installed from wheels: ask the library itself
-        pass
-    return "nvrtc %d.%d" % nvrtc_version()
+    wheel, bindings = installed_version("nvidia-cuda-nvrtc"), installed_version("cuda-bindings")
+    if wheel and bindings and wheel.split(".")[0] == bindings.split(".")[0]:
+        return f"nvidia-cuda-nvrtc {wheel}"
+    return "nvrtc %d.%d" % nvrtc_version()  # not from the wheel: ask the library itself
 
 
 @lru_cache(maxsize=None)

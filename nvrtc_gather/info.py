@@ -10,15 +10,7 @@ import sys
 
 from . import settings
 from ._text import human_size
-from ._version import __version__
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        from importlib.metadata import version
-        return version(name)
-    except Exception:  # not installed, or no metadata
-        return None
+from ._version import __version__, installed_version
 
 
 def _nvrtc(lines):
@@ -30,7 +22,7 @@ def _nvrtc(lines):
     except Exception as exc:  # MissingDependencyError says what to install
         lines.append(("NVRTC", f"not usable: {exc}"))
         return None
-    wheel = _dist_version("nvidia-cuda-nvrtc")
+    wheel = installed_version("nvidia-cuda-nvrtc")
     lines.append(("NVRTC", f"{nv[0]}.{nv[1]}" + (f" (nvidia-cuda-nvrtc {wheel})" if wheel else "")))
     lines.append(("NVRTC archs", " ".join(f"sm_{a}" for a in archs)))
     return nv
@@ -128,7 +120,7 @@ def collect() -> tuple[list[tuple[str, str]], list[str]]:
     ]
     notes: list[str] = []
     nv = _nvrtc(lines)
-    lines.append(("cuda-bindings", _dist_version("cuda-bindings") or "not installed"))
+    lines.append(("cuda-bindings", installed_version("cuda-bindings") or "not installed"))
     _driver(lines, notes, nv)
     _torch(lines)
     _cache(lines)
