@@ -29,7 +29,7 @@ def current_keys() -> KeyFor:
     from . import compiler, kernels, registry
     from .errors import MissingDependencyError
 
-    modules = {m.name: m for m in kernels.ALL_MODULES + tuple(getattr(kernels, "BENCH_MODULES", ()))}
+    modules = {m.name: m for m in kernels.ALL_MODULES + kernels.BENCH_MODULES}
     try:
         compiler.nvrtc_version()
     except MissingDependencyError:

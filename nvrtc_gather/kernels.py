@@ -44,7 +44,6 @@ BASELINE_LINEAR_SCAN = KernelModule(
     source="baseline_linear_scan.cu",
     kernels=("baseline_linear_scan",),
 )
-BENCH_MODULES: tuple[KernelModule, ...] = (BASELINE_LINEAR_SCAN,)
 
 # Benchmark-only builds of the quant module (nvrtc_gather/bench_quant.py times them against
 # QUANT through the same compile, cache and launch path; tests/test_quant_gpu.py runs the
@@ -59,3 +58,6 @@ BENCH_QUANT_VARIANTS: tuple[KernelModule, ...] = (
     KernelModule("quant_cache_narrow", QUANT.source, QUANT.kernels, QUANT.options + ("-DNG_QWIDE=0",)),
     QUANT_SOFT_FP8,
 )
+
+# Every benchmark-only module (e.g. for `nvrtc-gather cache list` to recognise their entries).
+BENCH_MODULES: tuple[KernelModule, ...] = (BASELINE_LINEAR_SCAN,) + BENCH_QUANT_VARIANTS
