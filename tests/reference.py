@@ -237,3 +237,17 @@ def make_quant_case(rng: random.Random, *, head_dim, quant_block_size, block_siz
     desc = (f"hd={head_dim} qbs={quant_block_size} bs={block_size} {dtype} {scale_fmt} T'={num_tokens} "
             f"extra={extra_rows} k_row_pad={k_row_pad} k_offset={k_offset} block_pad={block_pad} cs={cache_stride}")
     return QuantCase(k_store, k_view, kv_store, kv_view, slot_mapping, quant_block_size, scale_fmt, desc)
+
+
+def assert_no_allocation_on_a_side_stream(call, times=10):
+    """After one warm-up call, ``times`` more on a fresh side stream allocate no device
+    memory (the ops promise none) and complete on that stream."""
+    call()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(times):
+            call()
+    s.synchronize()
+    assert torch.cuda.memory_allocated() == before

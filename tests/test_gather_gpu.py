@@ -15,7 +15,7 @@ import torch
 import nvrtc_gather as ng
 from nvrtc_gather import gather
 from nvrtc_gather.gather_torch import gather_torch
-from reference import SENTINEL, gather_reference, make_gather_case, to_device
+from reference import SENTINEL, assert_no_allocation_on_a_side_stream, gather_reference, make_gather_case, to_device
 
 pytestmark = pytest.mark.gpu
 FP8 = torch.float8_e4m3fn
@@ -194,15 +194,7 @@ def test_rows_with_good_indices_survive_a_bad_block_id():
 
 def test_no_allocation_and_current_stream():
     c = to_device(_small_case(), "cuda")
-    ng.cp_gather_indexer_k_quant_cache(*c.args())  # warm
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(10):
-            ng.cp_gather_indexer_k_quant_cache(*c.args())
-    s.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_no_allocation_on_a_side_stream(lambda: ng.cp_gather_indexer_k_quant_cache(*c.args()))
 
 
 def test_second_process_on_warm_cache_compiles_nothing(tmp_path):

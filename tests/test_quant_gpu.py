@@ -17,7 +17,7 @@ import nvrtc_gather as ng
 from nvrtc_gather import kernels, quant_cache
 from nvrtc_gather.bench_quant import variant_launcher
 from nvrtc_gather.quant_torch import block_scales, quant_torch
-from reference import make_quant_case
+from reference import assert_no_allocation_on_a_side_stream, make_quant_case
 
 pytestmark = pytest.mark.gpu
 FP8 = torch.float8_e4m3fn
@@ -210,15 +210,7 @@ def test_no_allocation_and_current_stream():
     rng = random.Random(6)
     g = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=BF16,
                         scale_fmt="ue8m0", num_tokens=100).to("cuda")
-    ng.indexer_k_quant_and_cache(*g.args())
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(10):
-            ng.indexer_k_quant_and_cache(*g.args())
-    s.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_no_allocation_on_a_side_stream(lambda: ng.indexer_k_quant_and_cache(*g.args()))
 
 
 def _large(tokens, dt=BF16, hd=128, qbs=128, bs=64, fmt="ue8m0", num_blocks=None, high=False, row_pad=0, seed=0):
@@ -360,20 +352,31 @@ def test_rounding_ties_zeros_and_subnormals(module, dt, fmt):
     assert torch.equal(got, want), _first_diffs(got.view(-1), want.view(-1))
 
 
+def _special_values_run(module, fmt, seed, tokens, num_blocks, poke):
+    """bf16 k (head_dim 128, quant blocks of 64) with ``poke`` planting special values,
+    written by ``module``'s kernel to distinct random slots of 16-token blocks, and by the
+    torch path on the GPU: (kv from the kernel, kv from the torch path, slots)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    k = torch.randn(tokens, 128, device="cuda", generator=g).to(BF16)
+    poke(k)
+    kv = torch.randint(0, 256, (num_blocks, 16, 128 + 4 * 2), dtype=torch.uint8, device="cuda", generator=g)
+    slots = torch.randperm(num_blocks * 16, device="cuda", generator=g)[:tokens]
+    want = kv.clone()
+    quant_torch(quant_cache.plan_quant(k, want, slots, 64, fmt), k, want, slots)
+    variant_launcher(module, k, kv, slots, 64, fmt)()
+    torch.cuda.synchronize()
+    return kv, want, slots
+
+
 @pytest.mark.parametrize("module", [kernels.QUANT, kernels.QUANT_SOFT_FP8], ids=lambda m: m.name)
 @pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
 def test_inf_blocks_match_the_torch_path_on_the_gpu(module, fmt):
     """A quant block holding +-inf: scale inf, finite values +-0, the infs NaN (0x7f: the
     GPU's NaN is positive; on the CPU, x86's is negative, hence the GPU torch path here)."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    k = torch.randn(64, 128, device="cuda", generator=g).to(BF16)
-    k[5, 3], k[9, 70], k[9, 71], k[20, 127] = float("inf"), float("-inf"), float("inf"), float("-inf")
-    kv = torch.randint(0, 256, (8, 16, 128 + 4 * 2), dtype=torch.uint8, device="cuda", generator=g)
-    slots = torch.randperm(8 * 16, device="cuda", generator=g)[:64]
-    want = kv.clone()
-    quant_torch(quant_cache.plan_quant(k, want, slots, 64, fmt), k, want, slots)
-    variant_launcher(module, k, kv, slots, 64, fmt)()
-    torch.cuda.synchronize()
+    def poke(k):
+        k[5, 3], k[9, 70], k[9, 71], k[20, 127] = float("inf"), float("-inf"), float("inf"), float("-inf")
+
+    kv, want, _ = _special_values_run(module, fmt, seed=3, tokens=64, num_blocks=8, poke=poke)
     assert torch.equal(kv, want), _first_diffs(kv.view(-1), want.view(-1))
 
 
@@ -382,15 +385,10 @@ def test_inf_blocks_match_the_torch_path_on_the_gpu(module, fmt):
 def test_nan_blocks(module, fmt):
     """A quant block holding a NaN: its scale is a NaN and its values NaN codes (0x7f / 0xff;
     NaN payloads and signs are not part of the contract); every other block is exact."""
-    g = torch.Generator(device="cuda").manual_seed(4)
-    k = torch.randn(32, 128, device="cuda", generator=g).to(BF16)
-    k[7, 10] = float("nan")
-    kv = torch.randint(0, 256, (4, 16, 128 + 4 * 2), dtype=torch.uint8, device="cuda", generator=g)
-    slots = torch.randperm(4 * 16, device="cuda", generator=g)[:32]
-    want = kv.clone()
-    quant_torch(quant_cache.plan_quant(k, want, slots, 64, fmt), k, want, slots)
-    variant_launcher(module, k, kv, slots, 64, fmt)()
-    torch.cuda.synchronize()
+    def poke(k):
+        k[7, 10] = float("nan")
+
+    kv, want, slots = _special_values_run(module, fmt, seed=4, tokens=32, num_blocks=4, poke=poke)
     s = int(slots[7])
     base = s // 16 * 16 * 136  # token 7's block; its quant block 0 holds the NaN
     vals, scale = slice(base + s % 16 * 128, base + s % 16 * 128 + 64), slice(base + 16 * 128 + s % 16 * 8,
