@@ -111,19 +111,18 @@ def _baseline(w: Workload, k, s):
     launcher.launch(dev, fn, (p.num_tokens + per - 1) // per, current_stream(dev), gather.PARAMS, p[2:] + (0,))
 
 
+def l2_bytes() -> int:
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+
+
+def flush_buffer() -> torch.Tensor:
+    """Zeroing this (twice the L2, plus 64 MiB) before a run evicts whatever the last run left."""
+    return torch.empty(2 * l2_bytes() // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+
+
 def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
     """Median µs of ``fn`` over ``reps`` runs, L2 flushed (flush.zero_()) before each."""
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1000.0
+    return time_interleaved({"fn": fn}, flush, reps, warmup)["fn"]
 
 
 def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict:
@@ -145,9 +144,7 @@ def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3)
 
 
 def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+    l2, flush = l2_bytes(), flush_buffer()
     rows = []
     for batch, mean in WORKLOADS:
         w = Workload(batch, mean, l2, seed=batch * 7 + mean)
@@ -191,9 +188,7 @@ def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
 
 def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
     """Op time per workload for several tokens-per-block settings (a runtime parameter)."""
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+    l2, flush = l2_bytes(), flush_buffer()
     out = []
     chosen = gather.tokens_per_cta  # plan_gather looks it up by name on every call
     try:
@@ -415,9 +410,7 @@ def main(argv=None) -> int:
     if not args.skip_quant:
         from .bench_quant import bench_quant
         print(f"{'write op':>36} {'tokens':>9} {'copy us':>10} {'op us':>10} {'op/cp':>7}")
-        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
-        flush = torch.empty(2 * l2 // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
-        quant = bench_quant(args.reps, flush, time_gpu)
+        quant = bench_quant(args.reps, flush_buffer(), time_gpu)
         for r in quant:
             print(f"{r['workload']:>36} {r['tokens']:>9} {r['copy_us']:10.1f} {r['op_us']:10.1f} "
                   f"{r['op_over_copy']:6.2f}x", flush=True)
