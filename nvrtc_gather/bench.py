@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import compiler, driver, gather, launcher, registry
+from . import cache_layout, compiler, driver, gather, launcher, registry
 from .gather_torch import gather_torch
 from .kernels import BASELINE_LINEAR_SCAN, GATHER, THREADS_PER_BLOCK
 from .streams import current_stream
@@ -91,8 +91,7 @@ def _torch_path(w: Workload, k, s):
 
 def _loop_path(w: Workload, k, s):
     """Per-request Python loop, the way engines first wrote it."""
-    kv_k = w.kv.as_strided((w.kv.size(0), BLOCK_SIZE, HEAD_DIM), (w.kv.stride(0), HEAD_DIM, 1))
-    kv_s = w.kv.as_strided((w.kv.size(0), BLOCK_SIZE, 4 * NQ), (w.kv.stride(0), 4 * NQ, 1), BLOCK_SIZE * HEAD_DIM)
+    kv_k, kv_s = cache_layout.views(w.kv, w.kv.size(0), BLOCK_SIZE, w.kv.stride(0), HEAD_DIM, NQ)
     k8 = k.view(torch.uint8)
     for r, n in enumerate(w.lens):
         if n == 0:

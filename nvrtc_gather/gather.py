@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from . import debug_check, driver, launcher, registry, settings
+from . import cache_layout
 from .streams import current_stream
 from . import validation as v
 from .gather_torch import gather_torch
@@ -125,7 +126,7 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
             f"(head_dim % quant_block_size must be 0), got shape {tuple(s_shape)}")
     if s_rows != num_tokens:
         raise ValueError(f"dst_scale: expected {num_tokens} rows like dst_k, got shape {tuple(s_shape)}")
-    block_stride = v.cache_block_stride(kv_cache, kv_shape, head_dim, scale_words)
+    block_stride = cache_layout.block_stride(kv_cache, kv_shape, head_dim, scale_words)
     if cu_shape[0] != batch + 1:
         raise ValueError(f"cu_seq_lens: expected batch + 1 = {batch + 1} entries (block_table has {batch} rows), "
                          f"got {cu_shape[0]}")

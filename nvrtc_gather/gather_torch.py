@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from . import cache_layout
+
 
 def gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
     dev = kv_cache.device
@@ -40,11 +42,7 @@ def gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> 
         raise ValueError(f"block_table: entry [{int(req[i])}, {int(col[i])}] = {int(blk[i])} is outside "
                          f"[0, num_blocks={plan.num_blocks})")
 
-    kv = kv_cache.view(torch.uint8)
-    hd, sb = plan.head_dim, 4 * plan.scale_words
-    shape_k = (plan.num_blocks, plan.block_size, hd)
-    k_src = kv.as_strided(shape_k, (plan.block_stride, hd, 1), kv.storage_offset())
-    s_src = kv.as_strided((plan.num_blocks, plan.block_size, sb), (plan.block_stride, sb, 1),
-                          kv.storage_offset() + plan.block_size * hd)
+    k_src, s_src = cache_layout.views(kv_cache, plan.num_blocks, plan.block_size, plan.block_stride,
+                                      plan.head_dim, plan.scale_words)
     dst_k.view(torch.uint8)[:total] = k_src[blk, tok]
     dst_scale.view(torch.uint8)[:total] = s_src[blk, tok]

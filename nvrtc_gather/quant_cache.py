@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from . import debug_check, launcher, registry, settings
+from . import cache_layout
 from .streams import current_stream
 from . import validation as v
 from .kernels import QUANT, THREADS_PER_BLOCK
@@ -114,7 +115,7 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
         raise ValueError(f"slot_mapping: {num_tokens} entries, more than the {rows} rows of k "
                          "(only the first len(slot_mapping) rows of k are written)")
     nq = head_dim // qbs
-    block_stride = v.cache_block_stride(kv_cache, kv_shape, head_dim, nq)
+    block_stride = cache_layout.block_stride(kv_cache, kv_shape, head_dim, nq)
     k_row, k_col = k.stride()
     if k_col != 1:
         v.unit_inner_stride("k", k)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from . import cache_layout
+
 _EXP = 0x7F800000     # fp32 exponent bits
 _MANT = 0x7FFFFF      # fp32 mantissa bits
 _HIGH = -0x800000     # int32 0xff800000: sign and exponent
@@ -47,10 +49,8 @@ def quant_torch(plan, k, kv_cache, slot_mapping) -> None:
     scale = block_scales(x.abs().amax(dim=-1), plan.ue8m0)
     vals = (x / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8).view(-1, hd)
 
-    kv = kv_cache.view(torch.uint8)
-    nb, bs = plan.num_blocks, plan.block_size
-    k_dst = kv.as_strided((nb, bs, hd), (plan.block_stride, hd, 1), kv.storage_offset())
-    s_dst = kv.as_strided((nb, bs, 4 * nq), (plan.block_stride, 4 * nq, 1), kv.storage_offset() + bs * hd)
+    bs = plan.block_size
+    k_dst, s_dst = cache_layout.views(kv_cache, plan.num_blocks, bs, plan.block_stride, hd, nq)
     blk, off = s // bs, s % bs
     k_dst[blk, off] = vals
     s_dst[blk, off] = scale.contiguous().view(torch.uint8)

@@ -61,23 +61,3 @@ def same_device(named: dict[str, torch.Tensor]) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{first_name}: tensors on {dev.type} are not supported (use cpu or cuda)")
     return dev
-
-
-def cache_block_stride(kv_cache: torch.Tensor, kv_shape, head_dim: int, scale_words: int) -> int:
-    """Check the paged cache's layout (DESIGN.md §1) for ``head_dim`` fp8 values and
-    ``scale_words`` fp32 scales per token, and return the bytes between its blocks. Each
-    block must be contiguous; the blocks themselves may be spaced out (a strided view)."""
-    num_blocks, block_size, cache_stride = kv_shape
-    if block_size < 1:
-        raise ValueError(f"kv_cache: block_size (dim 1) must be >= 1, got shape {tuple(kv_shape)}")
-    if cache_stride < head_dim + 4 * scale_words:
-        raise ValueError(
-            f"kv_cache: cache_stride (dim 2) must be at least head_dim + 4 * head_dim / quant_block_size = "
-            f"{head_dim + 4 * scale_words}, got shape {tuple(kv_shape)}")
-    s0, s1, s2 = kv_cache.stride()
-    if (cache_stride > 1 and s2 != 1) or (block_size > 1 and s1 != cache_stride) or \
-            (num_blocks > 1 and s0 < block_size * cache_stride):
-        raise ValueError(
-            f"kv_cache: each block must be contiguous (strides (>= {block_size * cache_stride}, {cache_stride}, 1)), "
-            f"got strides {(s0, s1, s2)}")
-    return s0 if num_blocks > 1 else block_size * cache_stride
