@@ -39,7 +39,7 @@ def launch(device: int, function: int, grid: int, stream: int, layout: struct.St
 
     cuLaunchKernelEx with a prepared config: 4 arguments through ctypes instead of 11,
     about 1 µs less per call than cuLaunchKernel (benchmarks/NOTES.md)."""
-    raw = _raw or _init_raw()
+    raw = driver.raw()  # lru_cached
     buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
     layout.pack_into(buf, 0, *values)
     cfg.gridDimX = grid
@@ -52,12 +52,3 @@ def launch(device: int, function: int, grid: int, stream: int, layout: struct.St
         rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
     if rc:
         raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
-
-
-_raw = None
-
-
-def _init_raw():
-    global _raw
-    _raw = driver.raw()
-    return _raw

@@ -56,7 +56,6 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "capability", lambda device: 90)
     monkeypatch.setattr(driver, "primary_context", lambda device: 7 + device)
     monkeypatch.setattr(driver, "raw", lambda: f)
-    monkeypatch.setattr(launcher, "_raw", f)
     monkeypatch.setattr(registry, "_libraries", {})
     monkeypatch.setattr(registry, "_functions", {})
     return f
