@@ -4,21 +4,25 @@
 // Work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
 //  1. Two warps find the requests owning the first and last of those rows by a
 //     32-ary search of cu_seq_lens (ceil(log32(batch)) dependent loads instead
-//     of vLLM's scan over every request). Meanwhile the other warps fetch what
-//     needs no search: a small block_table whole, or for a single request each
-//     row's entry directly. Small calls are latency-bound: every dependent DRAM
-//     round trip removed here shows in their time.
-//  2. One thread per row narrows to its own request inside that small range,
-//     checks every index, and parks the row's source byte offsets in shared
-//     memory (-1 = skip the row).
-//  3. All threads copy the fp8 bytes (KVEC-byte vectors, UNROLL loads in flight
-//     per thread) and the 4-byte scale words.
+//     of vLLM's scan over every request). For a single request, each row's
+//     block_table entry is fetched meanwhile.
+//  2. One thread per row narrows to its own request inside that small range
+//     (those cu_seq_lens lines are in L1 by then), checks every index, and
+//     parks the row's (block, token) in shared memory (block -1 = skip the row).
+//  3. All threads copy the fp8 bytes (KVEC-byte vectors, NG_UNROLL loads in
+//     flight per thread) and the 4-byte scale words.
 // Rows at or past cu_seq_lens[-1] are never touched; rows whose indices are bad
 // are skipped, and reported when debug mode passes an error buffer.
+//
+// Shared memory is kept to 2 KiB on purpose: the driver sizes the SM's shared-memory
+// carve-out by it, and under Nsight Compute the 8 KiB of v5 (whole small block_tables
+// and cu_seq_lens parked there) ran 0.2-0.5 us slower than this on every workload
+// (benchmarks/NOTES.md, v6).
 #include "gather_params.cuh"
 
-#define NG_UNROLL 4
-#define NG_SMALL_TABLE 1024  // block_table entries copied to shared memory whole (4 KiB)
+#ifndef NG_UNROLL
+#define NG_UNROLL 4  // a compile-time knob: the benchmark times a build with 8 (kernels.py)
+#endif
 
 // Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing
 // (with a malformed cu the answer is still in range; callers re-check it).
@@ -38,14 +42,20 @@ __device__ __forceinline__ int warp_find_request(const i32* cu, int batch, int r
     return lo;
 }
 
+// Byte offsets in kv_cache of a (block, token)'s fp8 values and of its scales.
+__device__ __forceinline__ i64 value_offset(const GatherParams& p, int2 loc) {
+    return (i64)loc.x * p.block_stride + (i64)loc.y * p.head_dim;
+}
+__device__ __forceinline__ i64 scale_offset(const GatherParams& p, int2 loc) {
+    return (i64)loc.x * p.block_stride + (i64)p.block_size * p.head_dim + (i64)loc.y * p.scale_words * 4;
+}
+
 template <int KVEC>
 __device__ __forceinline__ void gather_body(const GatherParams& p) {
     typedef typename Vec<KVEC>::T V;
-    __shared__ i64 s_src[NG_THREADS];  // byte offset of the row's fp8 values, -1 = skip
-    __shared__ i64 s_ssrc[NG_THREADS]; // byte offset of the row's scales
-    __shared__ int s_req[2];
-    __shared__ int s_total;            // cu_seq_lens[batch]
-    __shared__ int s_bt[NG_SMALL_TABLE]; // the whole block_table when it is this small
+    __shared__ int2 s_loc[NG_THREADS];  // (block id, token in block) of each row; block -1 = skip
+    __shared__ int s_req[2];            // requests of the block's first and last rows
+    __shared__ int s_total;             // cu_seq_lens[batch]
 
     const int tid = threadIdx.x;
     const i32* cu = p.cu_seq_lens;
@@ -61,27 +71,17 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         }
     }
     // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
-    // last request), so no up-front load of the total: one dependent load less before
-    // the first byte moves, which is what a single wave of blocks waits on.
+    // last request): nothing waits for the total before the first byte moves.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
     const FastDiv by_block(p.block_size), by_words(p.scale_words);
 
-    // Everything below up to the barrier is independent, so it costs one DRAM round trip:
-    // the two searches, the total, and whatever of block_table can be fetched without
-    // knowing the rows' requests yet.
-    const bool small_table = p.batch > 1 && (i64)p.batch * p.max_blocks <= NG_SMALL_TABLE;
+    // Everything up to the barrier is independent: one DRAM round trip per search level.
     if (tid < 64) {
         const int r = warp_find_request(cu, p.batch, tid < 32 ? row0 : end - 1);
         if ((tid & 31) == 0) s_req[tid >> 5] = r;
-    } else {
-        if (tid == 64) s_total = __ldg(cu + p.batch);
-        if (small_table) {  // a small block_table goes to shared memory whole
-            for (int i = tid - 64; i < p.batch * p.max_blocks; i += NG_THREADS - 64) {
-                const int r = i / p.max_blocks;
-                s_bt[i] = __ldg(p.block_table + (i64)r * p.bt_row_stride + (i - r * p.max_blocks));
-            }
-        }
+    } else if (tid == 64) {
+        s_total = __ldg(cu + p.batch);
     }
     // One request: its rows start at 0 by contract, so each row's block_table entry can be
     // fetched now; it is used only once cu_seq_lens[0] == 0 is confirmed.
@@ -97,21 +97,16 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             if (__ldg(cu + mid) <= row) lo = mid; else hi = mid;
         }
         const int r = lo;
-        i64 src = -1, ssrc = -1;
         const int start = __ldg(cu + r);
         const int stop = r + 1 == p.batch ? s_total : __ldg(cu + r + 1);
+        int2 loc = make_int2(-1, 0);
         if (start <= row && row < stop) {
             const int pos = row - start;
             const int j = by_block(pos);
-            const int t = pos - j * p.block_size;
             if (j < p.max_blocks) {
-                const int b = p.batch == 1 && start == 0 ? b0
-                              : small_table ? s_bt[r * p.max_blocks + j]
-                              : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+                const int b = p.batch == 1 && start == 0 ? b0 : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
                 if (b >= 0 && b < p.num_blocks) {
-                    const i64 base = (i64)b * p.block_stride;
-                    src = base + (i64)t * p.head_dim;
-                    ssrc = base + (i64)p.block_size * p.head_dim + (i64)t * p.scale_words * 4;
+                    loc = make_int2(b, pos - j * p.block_size);
                 } else {
                     ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
                 }
@@ -121,8 +116,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         } else if (row < s_total) {  // rows past the total are the untouched tail
             ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
         }
-        s_src[tid] = src;
-        s_ssrc[tid] = ssrc;
+        s_loc[tid] = loc;
     }
     __syncthreads();
 
@@ -135,9 +129,9 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     if (tid < nwords) {
         const int t = by_words(tid);
         const int w = tid - t * p.scale_words;
-        const i64 src = s_ssrc[t];
-        if (src >= 0) {
-            sw = __ldg(reinterpret_cast<const u32*>(p.kv_cache + src) + w);
+        const int2 loc = s_loc[t];
+        if (loc.x >= 0) {
+            sw = __ldg(reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc)) + w);
             sdst = (i64)(row0 + t) * p.dst_scale_row_stride + (i64)w * 4;
         }
     }
@@ -156,9 +150,9 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             if (i < nvec) {
                 const int t = by_vpt(i);
                 const int c = i - t * vpt;
-                const i64 src = s_src[t];
-                if (src >= 0) {
-                    v[u] = __ldg(reinterpret_cast<const V*>(p.kv_cache + src) + c);
+                const int2 loc = s_loc[t];
+                if (loc.x >= 0) {
+                    v[u] = __ldg(reinterpret_cast<const V*>(p.kv_cache + value_offset(p, loc)) + c);
                     dst[u] = (i64)(row0 + t) * p.dst_k_row_stride + (i64)c * KVEC;
                 }
             }
@@ -174,9 +168,9 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     for (int i = tid + NG_THREADS; i < nwords; i += NG_THREADS) {
         const int t = by_words(i);
         const int w = i - t * p.scale_words;
-        const i64 src = s_ssrc[t];
-        if (src >= 0) {
-            const u32 x = __ldg(reinterpret_cast<const u32*>(p.kv_cache + src) + w);
+        const int2 loc = s_loc[t];
+        if (loc.x >= 0) {
+            const u32 x = __ldg(reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc)) + w);
             *(reinterpret_cast<u32*>(p.dst_scale + (i64)(row0 + t) * p.dst_scale_row_stride) + w) = x;
         }
     }

@@ -27,7 +27,7 @@ import torch
 
 from . import cache_layout, compiler, driver, gather, launcher, registry
 from .gather_torch import gather_torch
-from .kernels import BASELINE_LINEAR_SCAN, GATHER, THREADS_PER_BLOCK
+from .kernels import BASELINE_LINEAR_SCAN, BENCH_GATHER_VARIANTS, GATHER, THREADS_PER_BLOCK, KernelModule
 from .streams import current_stream
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
@@ -110,6 +110,21 @@ def _baseline(w: Workload, k, s):
     launcher.launch(dev, fn, (p.num_tokens + per - 1) // per, current_stream(dev), gather.PARAMS, p[2:] + (0,))
 
 
+def gather_variant_launcher(module: KernelModule, kv, k, s, block_table, cu):
+    """A no-argument function that runs ``module``'s gather kernel (a benchmark build of
+    GATHER) for this call exactly as the op runs GATHER's: same plan, grid and launcher."""
+    p = gather.plan_gather(kv, k, s, block_table, cu)
+    stream = current_stream(p.device)
+    fn = registry.functions(module, p.device, stream)[gather.KERNEL_NAMES[p.vec]]
+    grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
+    values = p[2:] + (0,)
+
+    def run(_keep=(kv, k, s, block_table, cu)):  # the tensors live as long as the function
+        if grid and p.batch:  # as the op: nothing to launch for an empty call
+            launcher.launch(p.device, fn, grid, stream, gather.PARAMS, values)
+    return run
+
+
 def l2_bytes() -> int:
     return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
 
@@ -119,6 +134,9 @@ def flush_buffer() -> torch.Tensor:
     return torch.empty(2 * l2_bytes() // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
 
 
+_SPIN_CYCLES = 100_000  # ~50 µs at the H200's 1.98 GHz
+
+
 def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
     """Median µs of ``fn`` over ``reps`` runs, L2 flushed (flush.zero_()) before each."""
     return time_interleaved({"fn": fn}, flush, reps, warmup)["fn"]
@@ -126,7 +144,12 @@ def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
 
 def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict:
     """Median µs of each function, runs interleaved (a, b, c, a, b, c, ...) with the L2
-    flushed before each, so slow drift of clocks or host affects all alike."""
+    flushed before each, so slow drift of clocks or host affects all alike.
+
+    A ~50 µs spin kernel after each flush keeps the GPU busy while the host enqueues the
+    timed call: without it a slow host (a Python op's 15-25 µs) could let the GPU reach the
+    start event first and the gap would be timed as the op's (seen: 1x1000 measured 7.2 µs
+    through the op and 5.9 µs for the same kernel through the lighter launcher)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -135,6 +158,7 @@ def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3)
     for i in range(reps):
         for k, fn in fns.items():
             flush.zero_()
+            torch.cuda._sleep(_SPIN_CYCLES)
             ev[k][i][0].record()
             fn()
             ev[k][i][1].record()
@@ -142,7 +166,9 @@ def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3)
     return {k: statistics.median(a.elapsed_time(b) for a, b in ev[k]) * 1000.0 for k in fns}
 
 
-def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
+def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> list[dict]:
+    """One row per workload; ``variants`` (benchmark builds of GATHER) are checked and timed
+    interleaved with the op, as ``<name>_us``."""
     l2, flush = l2_bytes(), flush_buffer()
     rows = []
     for batch, mean in WORKLOADS:
@@ -156,6 +182,8 @@ def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
         }
         if batch <= loop_max_batch:
             impls["loop"] = lambda k, s: _loop_path(w, k, s)
+        for m in variants:
+            impls[m.name] = lambda k, s, m=m: gather_variant_launcher(m, w.kv, k, s, w.block_table, w.cu)()
         row = {"workload": w.name, "requests": batch, "tokens": w.tokens, "bytes": w.bytes_moved}
         outs = {}
         for name, impl in impls.items():
@@ -170,6 +198,7 @@ def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
         n = reps if w.tokens >= 100_000 else 5 * reps
         fast = {"op": lambda: impls["op"](*outs["op"]), "baseline": lambda: impls["baseline"](*outs["baseline"]),
                 "copy": lambda: dst.copy_(src)}
+        fast.update({m.name: gather_variant_launcher(m, w.kv, *outs[m.name], w.block_table, w.cu) for m in variants})
         for name, us in time_interleaved(fast, flush, n).items():
             row[f"{name}_us"] = us
         for name in impls.keys() - fast.keys():
@@ -179,14 +208,15 @@ def bench_workloads(reps: int, loop_max_batch: int) -> list[dict]:
         row["op_GBps"] = w.bytes_moved / row["op_us"] / 1e3
         row["copy_GBps"] = w.bytes_moved / row["copy_us"] / 1e3
         rows.append(row)
-        print(_fmt_row(row), flush=True)
+        print(_fmt_row(row) + "".join(f"  {m.name} {row[m.name + '_us']:.1f}" for m in variants), flush=True)
         w = src = dst = impls = None  # free the workload before the next one
         torch.cuda.empty_cache()
     return rows
 
 
-def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
-    """Op time per workload for several tokens-per-block settings (a runtime parameter)."""
+def sweep_tokens_per_cta(values: list[int], reps: int, variants: tuple = ()) -> list[dict]:
+    """Op time per workload for several tokens-per-block settings (a runtime parameter),
+    and that of each benchmark build in ``variants`` (keys "<tpc>" and "<name> <tpc>")."""
     l2, flush = l2_bytes(), flush_buffer()
     out = []
     chosen = gather.tokens_per_cta  # plan_gather looks it up by name on every call
@@ -197,10 +227,13 @@ def sweep_tokens_per_cta(values: list[int], reps: int) -> list[dict]:
             row = {"workload": w.name}
             for tpc in values:
                 gather.tokens_per_cta = lambda head_dim, num_tokens, sm_count, tpc=tpc: tpc
-                row[tpc] = time_gpu(lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu),
-                                    flush, reps)
+                fns = {str(tpc): lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)}
+                fns.update({f"{m.name} {tpc}": gather_variant_launcher(m, w.kv, k, s, w.block_table, w.cu)
+                            for m in variants})
+                row.update(time_interleaved(fns, flush, reps))
             out.append(row)
-            print(f"{w.name:>12} " + " ".join(f"{row[t]:8.1f}" for t in values), flush=True)
+            print(f"{w.name:>12} " + " ".join(f"{v:8.1f}" for key, v in row.items() if key != "workload"),
+                  flush=True)
     finally:
         gather.tokens_per_cta = chosen
     return out
@@ -391,6 +424,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-first-calls", action="store_true")
     ap.add_argument("--skip-quant", action="store_true", help="skip the write-op (indexer_k_quant_and_cache) table")
     ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
+    ap.add_argument("--gather-variants", action="store_true",
+                    help="also check and time the benchmark builds of the gather kernel (kernels.BENCH_GATHER_VARIANTS)")
     ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -400,7 +435,7 @@ def main(argv=None) -> int:
     env = environment()
     print(env)
     print(HEADER)
-    rows = bench_workloads(args.reps, args.loop_max_batch)
+    rows = bench_workloads(args.reps, args.loop_max_batch, BENCH_GATHER_VARIANTS if args.gather_variants else ())
     host = host_cost()
     print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us, torch copy_ "
           f"{host['torch_copy_us']:.2f} us; parts: " + ", ".join(
@@ -416,8 +451,10 @@ def main(argv=None) -> int:
     sweep = []
     if args.sweep_tpc:
         values = [int(x) for x in args.sweep_tpc.split(",")]
-        print(f"op us by tokens per block: {'workload':>12} " + " ".join(f"{v:8d}" for v in values))
-        sweep = sweep_tokens_per_cta(values, args.reps)
+        variants = BENCH_GATHER_VARIANTS if args.gather_variants else ()
+        print(f"op us by tokens per block ({', '.join(m.name for m in variants) or 'no variants'} after the op, "
+              f"for each of {values}):")
+        sweep = sweep_tokens_per_cta(values, args.reps, variants)
     first = {} if args.skip_first_calls else first_calls()
     if first:
         print(f"first call, fresh process: cold cache {first['cold_first_call_ms']:.0f} ms "

@@ -59,5 +59,15 @@ BENCH_QUANT_VARIANTS: tuple[KernelModule, ...] = (
     QUANT_SOFT_FP8,
 )
 
+# Benchmark-only builds of the gather module (bench.py times them beside GATHER with
+# --gather-variants, scripts/profile_gather.py under Nsight Compute; tests check them).
+# Same parameters and grid as the op.
+BENCH_GATHER_VARIANTS: tuple[KernelModule, ...] = (
+    # the op's own build under another name: timing it beside the op measures the noise
+    KernelModule("gather_indexer_k_control", GATHER.source, GATHER.kernels),
+    # 8 loads in flight per thread instead of 4
+    KernelModule("gather_indexer_k_unroll8", GATHER.source, GATHER.kernels, ("-DNG_UNROLL=8",)),
+)
+
 # Every benchmark-only module (e.g. for `nvrtc-gather cache list` to recognise their entries).
-BENCH_MODULES: tuple[KernelModule, ...] = (BASELINE_LINEAR_SCAN,) + BENCH_QUANT_VARIANTS
+BENCH_MODULES: tuple[KernelModule, ...] = (BASELINE_LINEAR_SCAN,) + BENCH_QUANT_VARIANTS + BENCH_GATHER_VARIANTS

@@ -1,12 +1,12 @@
 // Runs a CUDA C kernel file of cuda_src/ on the host, for tests on machines without a GPU
-// (tests/test_quant_emulated.py). Each block is NG_THREADS real threads: __syncthreads is a
+// (tests/test_quant_emulated.py, tests/test_gather_emulated.py). Each block is NG_THREADS real threads: __syncthreads is a
 // block barrier, warp shuffles exchange through a per-warp barrier (so a shuffle that not all
 // 32 lanes reach hangs here as it would misbehave on a GPU), __shared__ is a static (blocks
 // run one after another). Intrinsics get their IEEE meaning. Vector loads (__ldg) and vector
 // stores that are not aligned to their size, which fault on a GPU, are counted (emu_faults).
 // Build (KERNEL_FILE = the .cu):
 //   g++ -std=c++20 -O1 -ffp-contract=off -fno-fast-math -pthread -shared -fPIC
-//       -I cuda_src -DKERNEL_FILE='"quant_cache.cu"' cuda_host_emu.cpp
+//       -I cuda_src -DKERNEL_FILE='"quant_cache.cu"' -DKERNEL_PARAMS=QuantParams cuda_host_emu.cpp
 #include <atomic>
 #include <barrier>
 #include <cstring>
@@ -29,6 +29,8 @@ struct uint4 {
     uint4& operator=(const uint4& o) { emu_check_align(this, 16); x = o.x; y = o.y; z = o.z; w = o.w; return *this; }
 };
 static inline uint2 make_uint2(unsigned int a, unsigned int b) { return uint2{a, b}; }
+struct int2 { int x, y; };
+static inline int2 make_int2(int a, int b) { return int2{a, b}; }
 struct EmuIdx { unsigned int x; };
 static thread_local EmuIdx threadIdx, blockIdx;
 
@@ -97,6 +99,17 @@ static unsigned int __shfl_xor_sync(unsigned int mask, unsigned int v, int lane_
     emu_block->lanes[t] = v;
     emu_block->warps[warp]->arrive_and_wait();
     const unsigned int r = emu_block->lanes[(t & ~31u) | ((t & 31u) ^ (unsigned int)lane_mask)];
+    emu_block->warps[warp]->arrive_and_wait();
+    return r;
+}
+
+static unsigned int __ballot_sync(unsigned int mask, bool pred) {
+    if (mask != 0xffffffffu) throw "only full-warp ballots are emulated";
+    const unsigned int t = threadIdx.x, warp = t / 32;
+    emu_block->lanes[t] = pred;
+    emu_block->warps[warp]->arrive_and_wait();
+    unsigned int r = 0;
+    for (unsigned int l = 0; l < 32; ++l) r |= (emu_block->lanes[warp * 32 + l] ? 1u : 0u) << l;
     emu_block->warps[warp]->arrive_and_wait();
     return r;
 }

@@ -1,5 +1,5 @@
-"""Builds the host emulator of the quant kernels (tests/cuda_host_emu.cpp running
-cuda_src/quant_cache.cu on CPU threads) for the tests that need it."""
+"""Builds the host emulator of the kernels (tests/cuda_host_emu.cpp running a file of
+cuda_src/ on CPU threads) for the tests that need it."""
 import ctypes
 import shutil
 import subprocess
@@ -10,25 +10,28 @@ import pytest
 from nvrtc_gather import sources
 
 _BUILDS: dict = {}
+# kernel -> (source file in cuda_src/, its parameter struct)
+KERNELS = {"quant": ("quant_cache.cu", "QuantParams"), "gather": ("gather_indexer_k.cu", "GatherParams")}
 
 
-def emulator(tmp_path_factory, defines: tuple = ()):
-    """The emulator built with extra ``-D`` ``defines`` (one build per set, per process);
-    skips the test when no C++20 compiler is available.
+def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
+    """The emulator of ``kernel``'s source built with extra ``-D`` ``defines`` (one build per
+    kernel and set, per process); skips the test when no C++20 compiler is available.
 
     Several builds live in one process, each with its own __shared__ arrays (static locals of
     templates: GCC would make them STB_GNU_UNIQUE, one object for every library that defines
     the symbol, whatever its size there; -fno-gnu-unique keeps them apart)."""
-    if defines in _BUILDS:
-        return _BUILDS[defines]
+    if (kernel, defines) in _BUILDS:
+        return _BUILDS[kernel, defines]
+    source, params = KERNELS[kernel]
     cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler to build the host emulator of the kernels")
-    lib = tmp_path_factory.mktemp("emu") / "libquantemu.so"
+    lib = tmp_path_factory.mktemp("emu") / f"lib{kernel}emu.so"
     here = Path(__file__).resolve().parent
     cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
            "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
-           '-DKERNEL_FILE="quant_cache.cu"', "-DKERNEL_PARAMS=QuantParams", *defines,
+           f'-DKERNEL_FILE="{source}"', f"-DKERNEL_PARAMS={params}", *defines,
            str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
     r = subprocess.run(cmd[:1] + ["-fno-gnu-unique"] + cmd[1:], capture_output=True, text=True)
     if r.returncode and "gnu-unique" in r.stderr:  # not GCC: clang does not make them unique
@@ -39,5 +42,5 @@ def emulator(tmp_path_factory, defines: tuple = ()):
     dll.emu_launch.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
     dll.emu_launch.restype = ctypes.c_int
     dll.emu_faults.restype = ctypes.c_int
-    _BUILDS[defines] = dll
+    _BUILDS[kernel, defines] = dll
     return dll

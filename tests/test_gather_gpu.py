@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
-from nvrtc_gather import gather
+from nvrtc_gather import gather, kernels
+from nvrtc_gather.bench import gather_variant_launcher
 from nvrtc_gather.gather_torch import gather_torch
 from reference import SENTINEL, assert_no_allocation_on_a_side_stream, gather_reference, make_gather_case, to_device
 
@@ -47,6 +48,31 @@ def test_kernel_matches_reference_on_grid(seed, bs, hd, qbs, batch):
     rng = random.Random(seed)
     _run_and_compare(make_gather_case(rng, block_size=bs, head_dim=hd, quant_block_size=qbs, batch=batch,
                                       max_len=rng.choice([1, 5, 64, 200])))
+
+
+@pytest.mark.parametrize("bs,hd,qbs", [(64, 128, 128), (16, 64, 32), (1, 256, 64)])
+def test_search_of_many_requests(bs, hd, qbs):
+    """The 32-ary search at its level boundaries: 2 levels from 33 requests, 3 from 1025."""
+    rng = random.Random(bs * hd)
+    for batch in (32, 33, 1024, 1025, 2000):
+        _run_and_compare(make_gather_case(rng, block_size=bs, head_dim=hd, quant_block_size=qbs, batch=batch,
+                                          max_len=rng.choice([3, 8])))
+
+
+@pytest.mark.parametrize("module", kernels.BENCH_GATHER_VARIANTS, ids=lambda m: m.name)
+def test_benchmark_builds_match_reference(module):
+    """The builds the benchmark times beside the op are exact too."""
+    rng = random.Random(module.name)
+    for bs, hd, qbs in ((64, 128, 128), (16, 64, 32), (1, 256, 64)):
+        for batch in (1, 6, 37, 300, 700):
+            c = make_gather_case(rng, block_size=bs, head_dim=hd, quant_block_size=qbs, batch=batch,
+                                 max_len=rng.choice([5, 64]))
+            k_ref, s_ref = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), hd,
+                                            c.scale_words)
+            g = to_device(c, "cuda")
+            gather_variant_launcher(module, *g.args())()
+            assert torch.equal(g.dst_k.view(torch.uint8).cpu(), k_ref), c.desc
+            assert torch.equal(g.dst_scale.view(torch.uint8).cpu(), s_ref), c.desc
 
 
 @pytest.mark.parametrize("offset,vec", [(0, 16), (8, 8), (4, 4), (12, 4)])

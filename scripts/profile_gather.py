@@ -1,0 +1,86 @@
+"""Kernel durations of the gather and its benchmark builds under Nsight Compute, which
+flushes the caches before each kernel and reads the GPU's own timer: no event or launch
+overhead in the number, so differences of a few hundred nanoseconds show.
+
+    ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \\
+        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run > ncu.csv
+    python3 scripts/profile_gather.py report ncu.csv
+
+`run` launches, per workload, every configuration REPS times in a fixed order;
+`report` groups ncu's rows back by that order and prints medians."""
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+WORKLOADS = [(1, 131072), (8, 131072), (4096, 64), (1, 1000), (8, 100)]
+REPS = 15
+
+
+def configs():
+    """(label, benchmark build or None for the op, rows per block or None for the op's rule)."""
+    from nvrtc_gather import kernels
+    out = [("op", None, None)] + [(m.name.replace("gather_indexer_k_", ""), m, None)
+                                   for m in kernels.BENCH_GATHER_VARIANTS]
+    out += [("op tpc=256", None, 256), ("unroll8 tpc=256", kernels.BENCH_GATHER_VARIANTS[-1], 256),
+            ("linear scan", "baseline", None)]
+    return out
+
+
+def run() -> None:
+    import torch
+    from nvrtc_gather import bench, gather
+    l2 = bench.l2_bytes()
+    rule = gather.tokens_per_cta
+    for batch, mean in WORKLOADS:
+        w = bench.Workload(batch, mean, l2, seed=batch * 7 + mean)
+        k, s = w.outputs()
+        for label, module, tpc in configs():
+            gather.tokens_per_cta = rule if tpc is None else (lambda head_dim, num_tokens, sm_count, tpc=tpc: tpc)
+            if module is None:
+                fn = lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)  # noqa: E731
+            elif module == "baseline":
+                fn = lambda: bench._baseline(w, k, s)  # noqa: E731
+            else:
+                fn = bench.gather_variant_launcher(module, w.kv, k, s, w.block_table, w.cu)
+            for _ in range(REPS):
+                fn()
+        gather.tokens_per_cta = rule
+        torch.cuda.synchronize()
+        print(f"{w.name}: {len(configs())} configurations x {REPS}", file=sys.stderr)
+
+
+def report(path: str) -> None:
+    rows = [r for r in csv.reader(open(path)) if len(r) > 10]
+    head, rows = rows[0], rows[1:]
+    col = {name: i for i, name in enumerate(head)}
+    per_launch = {}  # launch id -> {metric: value}
+    for r in rows:
+        per_launch.setdefault(int(r[col["ID"]]), {})[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", ""))
+    launches = [per_launch[i] for i in sorted(per_launch)]
+    names = [c[0] for c in configs()]
+    print("kernel duration, median us (shared-memory carve-out the driver chose)")
+    print(f"{'workload':>10} " + " ".join(f"{n[:18]:>18}" for n in names))
+    i = 0
+    for batch, mean in WORKLOADS:
+        cells = []
+        for _ in names:
+            group = launches[i:i + REPS]
+            i += REPS
+            t = statistics.median(g["gpu__time_duration.sum"] for g in group)
+            cfg = group[0].get("launch__shared_mem_config_size", float("nan"))
+            cells.append(f"{t / 1000:7.2f} ({cfg / 1024:3.0f}K)")
+        print(f"{f'{batch}x{mean}':>10} " + " ".join(f"{c:>18}" for c in cells))
+    if i != len(launches):
+        print(f"warning: {len(launches)} launches profiled, {i} expected")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["run"]:
+        run()
+    elif sys.argv[1:2] == ["report"] and len(sys.argv) == 3:
+        report(sys.argv[2])
+    else:
+        sys.exit(__doc__)
