@@ -9,8 +9,12 @@
 //  2. One thread per row narrows to its own request inside that small range
 //     (those cu_seq_lens lines are in L1 by then), checks every index, and
 //     parks the row's (block, token) in shared memory (block -1 = skip the row).
-//  3. All threads copy the fp8 bytes (KVEC-byte vectors, NG_UNROLL loads in
-//     flight per thread) and the 4-byte scale words.
+//  3. All threads copy the fp8 bytes (KVEC-byte vectors, UNROLL loads in flight
+//     per thread) and the 4-byte scale words.
+// Two shapes, chosen by the host (nvrtc_gather/gather.py: tokens_per_cta): 16 KiB of
+// fp8 values per block with 4 loads in flight per thread, or, for a call whose blocks
+// all fit in one wave, 32 KiB per block with 8 in flight ("wide" entry points): half
+// the blocks, each issuing all its loads at once.
 // Rows at or past cu_seq_lens[-1] are never touched; rows whose indices are bad
 // are skipped, and reported when debug mode passes an error buffer.
 //
@@ -19,10 +23,6 @@
 // and cu_seq_lens parked there) ran 0.2-0.5 us slower than this on every workload
 // (benchmarks/NOTES.md, v6).
 #include "gather_params.cuh"
-
-#ifndef NG_UNROLL
-#define NG_UNROLL 4  // a compile-time knob: the benchmark times a build with 8 (kernels.py)
-#endif
 
 // Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing
 // (with a malformed cu the answer is still in range; callers re-check it).
@@ -50,7 +50,7 @@ __device__ __forceinline__ i64 scale_offset(const GatherParams& p, int2 loc) {
     return (i64)loc.x * p.block_stride + (i64)p.block_size * p.head_dim + (i64)loc.y * p.scale_words * 4;
 }
 
-template <int KVEC>
+template <int KVEC, int UNROLL>
 __device__ __forceinline__ void gather_body(const GatherParams& p) {
     typedef typename Vec<KVEC>::T V;
     __shared__ int2 s_loc[NG_THREADS];  // (block id, token in block) of each row; block -1 = skip
@@ -140,11 +140,11 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     const int vpt = p.head_dim / KVEC;
     const FastDiv by_vpt(vpt);
     const int nvec = n * vpt;
-    for (int base = tid; base < nvec; base += NG_THREADS * NG_UNROLL) {
-        V v[NG_UNROLL];
-        i64 dst[NG_UNROLL];
+    for (int base = tid; base < nvec; base += NG_THREADS * UNROLL) {
+        V v[UNROLL];
+        i64 dst[UNROLL];
 #pragma unroll
-        for (int u = 0; u < NG_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int i = base + u * NG_THREADS;
             dst[u] = -1;
             if (i < nvec) {
@@ -158,7 +158,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
             }
         }
 #pragma unroll
-        for (int u = 0; u < NG_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             if (dst[u] >= 0) *reinterpret_cast<V*>(p.dst_k + dst[u]) = v[u];
         }
     }
@@ -176,8 +176,13 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     }
 }
 
-// One entry point per vector width; names are fixed (extern "C") so the host
-// finds them without NVRTC name expressions.
-extern "C" __global__ void __launch_bounds__(NG_THREADS) gather_indexer_k_v16(const GatherParams p) { gather_body<16>(p); }
-extern "C" __global__ void __launch_bounds__(NG_THREADS) gather_indexer_k_v8(const GatherParams p) { gather_body<8>(p); }
-extern "C" __global__ void __launch_bounds__(NG_THREADS) gather_indexer_k_v4(const GatherParams p) { gather_body<4>(p); }
+// One entry point per vector width and shape; names are fixed (extern "C") so the
+// host finds them without NVRTC name expressions.
+#define NG_GATHER_ENTRY(NAME, KVEC, UNROLL) \
+    extern "C" __global__ void __launch_bounds__(NG_THREADS) NAME(const GatherParams p) { gather_body<KVEC, UNROLL>(p); }
+NG_GATHER_ENTRY(gather_indexer_k_v16, 16, 4)
+NG_GATHER_ENTRY(gather_indexer_k_v8, 8, 4)
+NG_GATHER_ENTRY(gather_indexer_k_v4, 4, 4)
+NG_GATHER_ENTRY(gather_indexer_k_v16_wide, 16, 8)
+NG_GATHER_ENTRY(gather_indexer_k_v8_wide, 8, 8)
+NG_GATHER_ENTRY(gather_indexer_k_v4_wide, 4, 8)

@@ -115,7 +115,7 @@ def gather_variant_launcher(module: KernelModule, kv, k, s, block_table, cu):
     GATHER) for this call exactly as the op runs GATHER's: same plan, grid and launcher."""
     p = gather.plan_gather(kv, k, s, block_table, cu)
     stream = current_stream(p.device)
-    fn = registry.functions(module, p.device, stream)[gather.KERNEL_NAMES[p.vec]]
+    fn = registry.functions(module, p.device, stream)[gather.kernel_name(p)]
     grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
     values = p[2:] + (0,)
 
@@ -275,7 +275,7 @@ def host_cost(calls: int = 10000) -> dict:
 
     dev = torch.cuda.current_device()
     p = plan(*args)
-    fn = registry.functions(GATHER, dev)[gather.KERNEL_NAMES[p.vec]]
+    fn = registry.functions(GATHER, dev)[gather.kernel_name(p)]
     tpc = p.tokens_per_cta
     values = p[2:] + (0,)
     stream = current_stream(dev)

@@ -171,15 +171,28 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
 
 def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
     """Rows per thread block: enough bytes per block to keep loads in flight, but small
-    calls are spread over every SM (about 2 blocks each), since latency bounds them."""
+    calls are spread over every SM (about 2 blocks each), since latency bounds them.
+    A call whose 16 KiB blocks would all fit in one wave gets blocks twice that size,
+    run by the wide kernels (8 loads in flight per thread): measured 0.5 us faster at
+    131072 tokens (benchmarks/NOTES.md, v7)."""
     most = max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
+    if 2 * most <= THREADS_PER_BLOCK and most * sm_count * _CTAS_PER_SM >= num_tokens > most * sm_count * 2:
+        return 2 * most
     spread = -(-num_tokens // (2 * sm_count))
     return max(1, min(most, max(_MIN_TOKENS_PER_CTA, spread)))
 
 
+def kernel_name(plan: GatherPlan) -> str:
+    """The entry point of cuda_src/gather_indexer_k.cu for a GPU plan: its vector width,
+    and the wide shape when tokens_per_cta chose blocks of more than 16 KiB."""
+    return KERNEL_NAMES[plan.vec, plan.tokens_per_cta * plan.head_dim > _BYTES_PER_CTA]
+
+
 _MIN_TOKENS_PER_CTA = 8
-# vector width -> entry point of cuda_src/gather_indexer_k.cu
-KERNEL_NAMES = {vec: f"gather_indexer_k_v{vec}" for vec in (16, 8, 4)}
+_CTAS_PER_SM = 2048 // THREADS_PER_BLOCK  # resident blocks of 256 threads per SM (one wave)
+# (vector width, wide) -> entry point of cuda_src/gather_indexer_k.cu
+KERNEL_NAMES = {(vec, wide): f"gather_indexer_k_v{vec}{'_wide' if wide else ''}"
+                for vec in (16, 8, 4) for wide in (False, True)}
 
 
 def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,
@@ -207,7 +220,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if plan.num_tokens == 0 or plan.batch == 0:
         return
     stream = current_stream(device)
-    fn = registry.functions(GATHER, device, stream)[KERNEL_NAMES[plan.vec]]
+    fn = registry.functions(GATHER, device, stream)[kernel_name(plan)]
     grid = (plan.num_tokens + plan.tokens_per_cta - 1) // plan.tokens_per_cta
     if not settings.debug_enabled():
         launcher.launch(device, fn, grid, stream, PARAMS, plan[2:] + (0,))

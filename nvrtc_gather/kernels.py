@@ -22,7 +22,7 @@ class KernelModule:
 GATHER = KernelModule(
     name="gather_indexer_k",
     source="gather_indexer_k.cu",
-    kernels=("gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"),
+    kernels=tuple(f"gather_indexer_k_v{vec}{wide}" for wide in ("", "_wide") for vec in (16, 8, 4)),
 )
 
 # --fmad=false: no a*b+c contraction; --ftz=false: subnormals kept (the default, made explicit).
@@ -65,8 +65,6 @@ BENCH_QUANT_VARIANTS: tuple[KernelModule, ...] = (
 BENCH_GATHER_VARIANTS: tuple[KernelModule, ...] = (
     # the op's own build under another name: timing it beside the op measures the noise
     KernelModule("gather_indexer_k_control", GATHER.source, GATHER.kernels),
-    # 8 loads in flight per thread instead of 4
-    KernelModule("gather_indexer_k_unroll8", GATHER.source, GATHER.kernels, ("-DNG_UNROLL=8",)),
 )
 
 # Every benchmark-only module (e.g. for `nvrtc-gather cache list` to recognise their entries).

@@ -15,17 +15,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-WORKLOADS = [(1, 131072), (8, 131072), (4096, 64), (1, 1000), (8, 100)]
+WORKLOADS = [(1, 131072), (64, 2048), (4, 32768), (1, 70000), (1, 40000), (8, 131072), (4096, 64), (1, 1000),
+             (8, 100)]
 REPS = 15
 
 
 def configs():
-    """(label, benchmark build or None for the op, rows per block or None for the op's rule)."""
+    """(label, benchmark build or None for the op, rows per block or None for the op's rule;
+    at head_dim 128, 256 rows run the wide kernels)."""
     from nvrtc_gather import kernels
     out = [("op", None, None)] + [(m.name.replace("gather_indexer_k_", ""), m, None)
                                    for m in kernels.BENCH_GATHER_VARIANTS]
-    out += [("op tpc=256", None, 256), ("unroll8 tpc=256", kernels.BENCH_GATHER_VARIANTS[-1], 256),
-            ("linear scan", "baseline", None)]
+    out += [("op, 16K blocks", None, 128), ("op, 32K wide", None, 256), ("linear scan", "baseline", None)]
     return out
 
 

@@ -101,8 +101,27 @@ def test_fp8_kv_cache_dtype_is_accepted():
 
 def test_rows_per_block():
     from nvrtc_gather.gather import tokens_per_cta
-    assert tokens_per_cta(128, 131072, 132) == 128   # big calls: 16 KiB of fp8 data per block
+    assert tokens_per_cta(128, 950000, 132) == 128   # big calls: 16 KiB of fp8 data per block
     assert tokens_per_cta(512, 10 ** 6, 132) == 32
     assert tokens_per_cta(128, 1000, 132) == 8       # small calls: spread over the SMs, >= 8 rows
     assert tokens_per_cta(128, 20000, 132) == 76     # ~2 blocks per SM
     assert tokens_per_cta(4, 10 ** 6, 132) == 256    # never more rows than threads
+    # One wave of 16 KiB blocks (8 per SM) and more than 2 per SM: 32 KiB blocks instead.
+    assert tokens_per_cta(128, 131072, 132) == 256
+    assert tokens_per_cta(128, 128 * 132 * 8, 132) == 256
+    assert tokens_per_cta(128, 128 * 132 * 8 + 1, 132) == 128
+    assert tokens_per_cta(128, 128 * 132 * 2, 132) == 128
+    assert tokens_per_cta(128, 128 * 132 * 2 + 1, 132) == 256
+    assert tokens_per_cta(512, 20000, 132) == 64
+    assert tokens_per_cta(64, 100000, 132) == 256    # 16 KiB is already 256 rows: no wider block
+
+
+def test_wide_kernels_run_the_wide_blocks():
+    from nvrtc_gather.gather import GatherPlan, kernel_name
+    def plan(vec, tpc, head_dim):
+        return GatherPlan(0, vec, *([0] * 14), head_dim, 1, tpc)
+    assert kernel_name(plan(16, 128, 128)) == "gather_indexer_k_v16"
+    assert kernel_name(plan(16, 256, 128)) == "gather_indexer_k_v16_wide"
+    assert kernel_name(plan(8, 64, 512)) == "gather_indexer_k_v8_wide"
+    assert kernel_name(plan(4, 8, 128)) == "gather_indexer_k_v4"
+    assert kernel_name(plan(16, 256, 64)) == "gather_indexer_k_v16"

@@ -144,6 +144,16 @@ def test_one_request_of_131072_tokens():
     _check_against_torch_path(_device_case([131072], seed=1))
 
 
+@pytest.mark.parametrize("head_dim,nq,lens", [(128, 1, [100000]), (128, 1, [20000, 0, 30000, 17]),
+                                              (512, 4, [9000, 11000])])
+def test_wide_blocks(head_dim, nq, lens):
+    """Calls of one wave run the wide kernels (twice the rows per block, 8 loads per thread)."""
+    args = _device_case(lens, head_dim=head_dim, nq=nq, seed=len(lens))
+    plan = gather.plan_gather(*args)
+    assert gather.kernel_name(plan).endswith("_wide")
+    _check_against_torch_path(args)
+
+
 @pytest.mark.slow
 def test_4096_requests():
     _check_against_torch_path(_device_case(_random_ragged(random.Random(2), 4096, 64), seed=2))

@@ -136,7 +136,7 @@ def test_both_ops_dispatch_through_registry_and_launcher(fake, monkeypatch):
     monkeypatch.setattr(gather, "current_stream", lambda device: 0)
     gather.cp_gather_indexer_k_quant_cache(*c.args())
     fns = registry.functions(kernels.GATHER, 0)
-    assert fake.launches[-1] == (7, fns[gather.KERNEL_NAMES[plan.vec]])
+    assert fake.launches[-1] == (7, fns[gather.kernel_name(plan)])
 
     q = make_quant_case(random.Random(2), head_dim=128, quant_block_size=64, block_size=16,
                         dtype=torch.bfloat16, scale_fmt="ue8m0", num_tokens=20)
