@@ -5,7 +5,8 @@
 #   (default: tests memcheck bench; quick = the GPU tests without the slow ones;
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
 #   profile = the gather builds' kernel durations under Nsight Compute (scripts/profile_gather.py);
-#   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark)
+#   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark,
+#   PROFILE_ARGS workloads (BATCHxMEAN ...) to the profile)
 # Logs and results go to $OUT (the device tool's output folder) or ./out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ for stage in $stages; do
         tests/test_gather_gpu.py tests/test_quant_gpu.py -k "not second_process" 2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1 ;;
     racecheck)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/test_gather_gpu.py tests/test_quant_gpu.py -k "37" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1 ;;
+        tests/test_gather_gpu.py tests/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1 ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "
@@ -40,8 +41,8 @@ for m in kernels.ALL_MODULES + kernels.BENCH_MODULES:
         2>&1 | tee "$OUT/resources.log" | grep -E "cubin|gather" -A1 | head -60 || status=1 ;;
     profile)
       ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \
-        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run > "$OUT/ncu.csv" \
-        && python3 scripts/profile_gather.py report "$OUT/ncu.csv" | tee "$OUT/profile.log" || status=1 ;;
+        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run ${PROFILE_ARGS:-} > "$OUT/ncu.csv" \
+        && python3 scripts/profile_gather.py report "$OUT/ncu.csv" ${PROFILE_ARGS:-} | tee "$OUT/profile.log" || status=1 ;;
     bench)
       python3 scripts/bench.py "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     *) python3 -m pytest -q -rs $stage 2>&1 | tail -25 || status=1 ;;

@@ -3,8 +3,8 @@ flushes the caches before each kernel and reads the GPU's own timer: no event or
 overhead in the number, so differences of a few hundred nanoseconds show.
 
     ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \\
-        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run > ncu.csv
-    python3 scripts/profile_gather.py report ncu.csv
+        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run [BxM ...] > ncu.csv
+    python3 scripts/profile_gather.py report ncu.csv [BxM ...]
 
 `run` launches, per workload, every configuration REPS times in a fixed order;
 `report` groups ncu's rows back by that order and prints medians."""
@@ -30,12 +30,12 @@ def configs():
     return out
 
 
-def run() -> None:
+def run(workloads) -> None:
     import torch
     from nvrtc_gather import bench, gather
     l2 = bench.l2_bytes()
     rule = gather.tokens_per_cta
-    for batch, mean in WORKLOADS:
+    for batch, mean in workloads:
         w = bench.Workload(batch, mean, l2, seed=batch * 7 + mean)
         k, s = w.outputs()
         for label, module, tpc in configs():
@@ -53,7 +53,7 @@ def run() -> None:
         print(f"{w.name}: {len(configs())} configurations x {REPS}", file=sys.stderr)
 
 
-def report(path: str) -> None:
+def report(path: str, workloads) -> None:
     rows = [r for r in csv.reader(open(path)) if len(r) > 10]
     head, rows = rows[0], rows[1:]
     col = {name: i for i, name in enumerate(head)}
@@ -65,7 +65,7 @@ def report(path: str) -> None:
     print("kernel duration, median us (shared-memory carve-out the driver chose)")
     print(f"{'workload':>10} " + " ".join(f"{n[:18]:>18}" for n in names))
     i = 0
-    for batch, mean in WORKLOADS:
+    for batch, mean in workloads:
         cells = []
         for _ in names:
             group = launches[i:i + REPS]
@@ -78,10 +78,15 @@ def report(path: str) -> None:
         print(f"warning: {len(launches)} launches profiled, {i} expected")
 
 
+def _workloads(args):
+    """Workloads named on the command line as BATCHxMEAN, else WORKLOADS."""
+    return [tuple(int(x) for x in a.split("x")) for a in args] or WORKLOADS
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
-        run()
-    elif sys.argv[1:2] == ["report"] and len(sys.argv) == 3:
-        report(sys.argv[2])
+        run(_workloads(sys.argv[2:]))
+    elif sys.argv[1:2] == ["report"] and len(sys.argv) >= 3:
+        report(sys.argv[2], _workloads(sys.argv[3:]))
     else:
         sys.exit(__doc__)

@@ -106,13 +106,13 @@ def test_rows_per_block():
     assert tokens_per_cta(128, 1000, 132) == 8       # small calls: spread over the SMs, >= 8 rows
     assert tokens_per_cta(128, 20000, 132) == 76     # ~2 blocks per SM
     assert tokens_per_cta(4, 10 ** 6, 132) == 256    # never more rows than threads
-    # One wave of 16 KiB blocks (8 per SM) and more than 2 per SM: 32 KiB blocks instead.
+    # 16 KiB blocks filling 3/4 to 1 wave (6 to 8 per SM): 32 KiB blocks instead.
     assert tokens_per_cta(128, 131072, 132) == 256
     assert tokens_per_cta(128, 128 * 132 * 8, 132) == 256
     assert tokens_per_cta(128, 128 * 132 * 8 + 1, 132) == 128
-    assert tokens_per_cta(128, 128 * 132 * 2, 132) == 128
-    assert tokens_per_cta(128, 128 * 132 * 2 + 1, 132) == 256
-    assert tokens_per_cta(512, 20000, 132) == 64
+    assert tokens_per_cta(128, 128 * 132 * 6, 132) == 128
+    assert tokens_per_cta(128, 128 * 132 * 6 + 1, 132) == 256
+    assert tokens_per_cta(512, 30000, 132) == 64
     assert tokens_per_cta(64, 100000, 132) == 256    # 16 KiB is already 256 rows: no wider block
 
 

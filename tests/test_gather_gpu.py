@@ -144,11 +144,14 @@ def test_one_request_of_131072_tokens():
     _check_against_torch_path(_device_case([131072], seed=1))
 
 
-@pytest.mark.parametrize("head_dim,nq,lens", [(128, 1, [100000]), (128, 1, [20000, 0, 30000, 17]),
-                                              (512, 4, [9000, 11000])])
-def test_wide_blocks(head_dim, nq, lens):
-    """Calls of one wave run the wide kernels (twice the rows per block, 8 loads per thread)."""
-    args = _device_case(lens, head_dim=head_dim, nq=nq, seed=len(lens))
+@pytest.mark.parametrize("head_dim,nq,parts", [(128, 1, [1.0]), (128, 1, [0.5, 0, 0.4, 0.0001]),
+                                               (512, 4, [0.45, 0.45])])
+def test_wide_blocks(head_dim, nq, parts):
+    """Calls of 3/4 to 1 wave of 16 KiB blocks run the wide kernels (twice the rows per
+    block, 8 loads per thread). ``parts``: request lengths as fractions of one wave."""
+    wave = (16384 // head_dim) * gather.driver.sm_count(0) * 8
+    args = _device_case([max(1, int(f * wave)) if f else 0 for f in parts], head_dim=head_dim, nq=nq,
+                        seed=len(parts))
     plan = gather.plan_gather(*args)
     assert gather.kernel_name(plan).endswith("_wide")
     _check_against_torch_path(args)
