@@ -143,8 +143,8 @@ def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
 
 
 def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict:
-    """Median µs of each function, runs interleaved (a, b, c, a, b, c, ...) with the L2
-    flushed before each, so slow drift of clocks or host affects all alike.
+    """Median µs of each function, runs interleaved (a, b, c, b, c, a, c, a, b, ...) with
+    the L2 flushed before each, so slow drift of clocks or host affects all alike.
 
     A ~50 µs spin kernel after each flush keeps the GPU busy while the host enqueues the
     timed call: without it a slow host (a Python op's 15-25 µs) could let the GPU reach the
@@ -155,8 +155,10 @@ def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3)
             fn()
     ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
           for k in fns}
+    names = list(fns)
     for i in range(reps):
-        for k, fn in fns.items():
+        for k in names[i % len(names):] + names[:i % len(names)]:  # each goes first in turn
+            fn = fns[k]
             flush.zero_()
             torch.cuda._sleep(_SPIN_CYCLES)
             ev[k][i][0].record()
