@@ -147,9 +147,9 @@ def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3)
     the L2 flushed before each, so slow drift of clocks or host affects all alike.
 
     A ~50 µs spin kernel after each flush keeps the GPU busy while the host enqueues the
-    timed call: without it a slow host (a Python op's 15-25 µs) could let the GPU reach the
-    start event first and the gap would be timed as the op's (seen: 1x1000 measured 7.2 µs
-    through the op and 5.9 µs for the same kernel through the lighter launcher)."""
+    timed call (a Python op takes 14-25 µs on the host), so host time cannot reach the
+    events. The order rotates because whichever function ran first in every round read up
+    to 0.7 µs high on small and one-wave calls (cause not found; benchmarks/NOTES.md)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -198,9 +198,8 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
         dst = torch.empty_like(src)
         # Small calls are noisy: more runs for them.
         n = reps if w.tokens >= 100_000 else 5 * reps
-        # Timed on one pair of output buffers (every kernel writes the same bytes there, as
-        # checked above): run 4 of v7 timed the op 0.6-0.8 µs above the same kernel built
-        # as gather_indexer_k_control when each wrote its own buffers.
+        # Every gather kernel is timed writing one pair of output buffers (the same bytes, as
+        # checked above), so buffer placement is no difference between them.
         k, s = outs["op"]
         fast = {"op": lambda: impls["op"](k, s), "baseline": lambda: impls["baseline"](k, s),
                 "copy": lambda: dst.copy_(src)}
