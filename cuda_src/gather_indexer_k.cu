@@ -12,16 +12,16 @@
 //  3. All threads copy the fp8 bytes (KVEC-byte vectors, UNROLL loads in flight
 //     per thread) and the 4-byte scale words.
 // Two shapes, chosen by the host (nvrtc_gather/gather.py: tokens_per_cta): 16 KiB of
-// fp8 values per block with 4 loads in flight per thread, or, for a call whose blocks
-// all fit in one wave, 32 KiB per block with 8 in flight ("wide" entry points): half
-// the blocks, each issuing all its loads at once.
+// fp8 values per block with 4 loads in flight per thread, or, for a call whose 16 KiB
+// blocks would fill 3/4 to 1 wave, 32 KiB per block with 8 in flight ("wide" entry
+// points): half the blocks, each issuing all its loads at once.
 // Rows at or past cu_seq_lens[-1] are never touched; rows whose indices are bad
 // are skipped, and reported when debug mode passes an error buffer.
 //
 // Shared memory is kept to 2 KiB on purpose: the driver sizes the SM's shared-memory
-// carve-out by it, and under Nsight Compute the 8 KiB of v5 (whole small block_tables
-// and cu_seq_lens parked there) ran 0.2-0.5 us slower than this on every workload
-// (benchmarks/NOTES.md, v6).
+// carve-out by it, and under Nsight Compute the 7-9 KiB builds (v5's whole small
+// block_tables there, v6's first try with cu_seq_lens there too) ran 0.1-0.5 us slower
+// than this on every workload measured (benchmarks/NOTES.md, v6).
 #include "gather_params.cuh"
 
 // Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing

@@ -2,10 +2,11 @@
 thread-per-lane emulator (tests/cuda_host_emu.cpp), with the entry point, grid and packed
 PARAMS bytes the op hands the GPU: bit-exact against the per-token reference, with
 poisoned outputs. This checks the kernel's search, single-request speculation and
-bad-index paths without a GPU, in every build the benchmark times
+bad-index paths, both block shapes (16 KiB, and wide) and all three vector widths
+without a GPU, in the default build and any benchmark build with other compile options
 (kernels.BENCH_GATHER_VARIANTS), with several rows-per-block choices (the op picks it
-at run time). Skipped without a C++20
-compiler; test_gather_gpu.py runs the same kernels on a GPU."""
+at run time). Skipped without a C++20 compiler; test_gather_gpu.py runs the same
+kernels on a GPU."""
 import ctypes
 import random
 
@@ -138,3 +139,21 @@ def test_single_request_speculation_never_uses_a_bad_guess(build, what):
         assert bool((got[32:48] == SENTINEL).all()) and torch.equal(got[:32], k_ref[:32])
     else:
         assert torch.equal(got[:70], k_ref[:70])
+
+
+@pytest.mark.parametrize("offset,vec", [(0, 16), (8, 8), (4, 4)])
+@pytest.mark.parametrize("tpc", [128, 256])
+def test_every_entry_point(build, offset, vec, tpc):
+    """Each of the six kernels (3 vector widths x 2 block shapes): dst_k placed at a byte
+    offset picks the width; 256 rows at head_dim 128 make a wide block."""
+    _, dll = build
+    c = make_gather_case(random.Random(offset + tpc), block_size=16, head_dim=128, quant_block_size=64, batch=7,
+                         max_len=120, strided=False, extra_rows=5)
+    k_ref, s_ref = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 2)
+    store = torch.full((c.dst_k.numel() + 64,), SENTINEL, dtype=torch.uint8)
+    c.dst_k = store[offset: offset + c.dst_k.numel()].view(c.dst_k.shape).view(c.dst_k.dtype)
+    plan = gather.plan_gather(*c.args())._replace(tokens_per_cta=tpc)
+    assert gather.kernel_name(plan) == f"gather_indexer_k_v{vec}{'_wide' if tpc == 256 else ''}"
+    run_kernel(dll, c, tpc)
+    assert torch.equal(c.dst_k.view(torch.uint8), k_ref) and torch.equal(c.dst_scale.view(torch.uint8), s_ref)
+    assert bool((store[:offset] == SENTINEL).all()) and bool((store[offset + c.dst_k.numel():] == SENTINEL).all())
