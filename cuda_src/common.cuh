@@ -41,10 +41,7 @@ struct FastDiv {
 
 // Record the first error only: err[0] = code, err[1..3] = details.
 // err is null unless debug mode is on.
-#ifndef NG_REPORT_ATTR
-#define NG_REPORT_ATTR __forceinline__
-#endif
-__device__ NG_REPORT_ATTR void ng_report(i64* err, int code, i64 a, i64 b, i64 c) {
+__device__ __forceinline__ void ng_report(i64* err, int code, i64 a, i64 b, i64 c) {
     if (err == 0) return;
     if (atomicCAS((u64*)err, 0ull, (u64)code) == 0ull) {
         err[1] = a;

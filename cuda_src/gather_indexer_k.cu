@@ -42,18 +42,6 @@ __device__ __forceinline__ int warp_find_request(const i32* cu, int batch, int r
     return lo;
 }
 
-// Debug mode only: cu_seq_lens as a whole (start, order, total), checked by one block.
-__device__ NG_REPORT_ATTR void check_cu_seq_lens(const GatherParams& p) {
-    const i32* cu = p.cu_seq_lens;
-    const int total = __ldg(cu + p.batch);
-    if (threadIdx.x == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
-    if (threadIdx.x == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
-    for (int r = threadIdx.x; r < p.batch; r += NG_THREADS) {
-        const int a = __ldg(cu + r), b = __ldg(cu + r + 1);
-        if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
-    }
-}
-
 // Byte offsets in kv_cache of a (block, token)'s fp8 values and of its scales.
 __device__ __forceinline__ i64 value_offset(const GatherParams& p, int2 loc) {
     return (i64)loc.x * p.block_stride + (i64)loc.y * p.head_dim;
@@ -73,7 +61,15 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     const i32* cu = p.cu_seq_lens;
     const int row0 = blockIdx.x * p.tokens_per_cta;
     // In debug mode the first block also checks cu_seq_lens as a whole.
-    if (p.error != 0 && blockIdx.x == 0) check_cu_seq_lens(p);
+    if (p.error != 0 && blockIdx.x == 0) {
+        const int total = __ldg(cu + p.batch);
+        if (tid == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
+        if (tid == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
+        for (int r = tid; r < p.batch; r += NG_THREADS) {
+            const int a = __ldg(cu + r), b = __ldg(cu + r + 1);
+            if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
+        }
+    }
     // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
     // last request): nothing waits for the total before the first byte moves.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);

@@ -65,8 +65,6 @@ BENCH_QUANT_VARIANTS: tuple[KernelModule, ...] = (
 BENCH_GATHER_VARIANTS: tuple[KernelModule, ...] = (
     # the op's own build under another name: timing it beside the op measures the noise
     KernelModule("gather_indexer_k_control", GATHER.source, GATHER.kernels),
-    # the debug-mode checks out of line (calls on cold paths): less code on the hot path
-    KernelModule("gather_indexer_k_outlined", GATHER.source, GATHER.kernels, ("-DNG_REPORT_ATTR=__noinline__",)),
 )
 
 # Every benchmark-only module (e.g. for `nvrtc-gather cache list` to recognise their entries).

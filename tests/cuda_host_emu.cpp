@@ -37,7 +37,6 @@ static thread_local EmuIdx threadIdx, blockIdx;
 #define __device__
 #define __global__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(n)
 #define __shared__ static
 
