@@ -14,7 +14,8 @@
 // Two shapes, chosen by the host (nvrtc_gather/gather.py: tokens_per_cta): 16 KiB of
 // fp8 values per block with 4 loads in flight per thread, or, for a call whose 16 KiB
 // blocks would fill 3/4 to 1 wave, 32 KiB per block with 8 in flight ("wide" entry
-// points): half the blocks, each issuing all its loads at once.
+// points): half the blocks, each issuing all its loads at once. Tiny calls run a third
+// kernel, gather_tiny below.
 // Rows at or past cu_seq_lens[-1] are never touched; rows whose indices are bad
 // are skipped, and reported when debug mode passes an error buffer.
 //
@@ -42,6 +43,18 @@ __device__ __forceinline__ int warp_find_request(const i32* cu, int batch, int r
     return lo;
 }
 
+// Debug mode only: cu_seq_lens as a whole (start, order, total), checked by one block.
+__device__ __forceinline__ void check_cu_seq_lens(const GatherParams& p) {
+    const i32* cu = p.cu_seq_lens;
+    const int total = __ldg(cu + p.batch);
+    if (threadIdx.x == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
+    if (threadIdx.x == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
+    for (int r = threadIdx.x; r < p.batch; r += NG_THREADS) {
+        const int a = __ldg(cu + r), b = __ldg(cu + r + 1);
+        if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
+    }
+}
+
 // Byte offsets in kv_cache of a (block, token)'s fp8 values and of its scales.
 __device__ __forceinline__ i64 value_offset(const GatherParams& p, int2 loc) {
     return (i64)loc.x * p.block_stride + (i64)loc.y * p.head_dim;
@@ -61,15 +74,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     const i32* cu = p.cu_seq_lens;
     const int row0 = blockIdx.x * p.tokens_per_cta;
     // In debug mode the first block also checks cu_seq_lens as a whole.
-    if (p.error != 0 && blockIdx.x == 0) {
-        const int total = __ldg(cu + p.batch);
-        if (tid == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
-        if (tid == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
-        for (int r = tid; r < p.batch; r += NG_THREADS) {
-            const int a = __ldg(cu + r), b = __ldg(cu + r + 1);
-            if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
-        }
-    }
+    if (p.error != 0 && blockIdx.x == 0) check_cu_seq_lens(p);
     // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
     // last request): nothing waits for the total before the first byte moves.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
@@ -176,6 +181,57 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     }
 }
 
+// Tiny calls (a few thousand rows at most: latency is all there is): one warp per row,
+// NG_THREADS / 32 rows per block, no shared memory and no barrier. Each warp searches
+// cu_seq_lens for its row (the total loaded alongside), then loads its block_table entry,
+// then copies the row: three dependent DRAM round trips, as few as the bytes allow.
+template <int KVEC>
+__device__ __forceinline__ void gather_tiny(const GatherParams& p) {
+    typedef typename Vec<KVEC>::T V;
+    if (p.error != 0 && blockIdx.x == 0) check_cu_seq_lens(p);
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
+    if (row >= p.num_tokens) return;  // the whole warp
+    const i32* cu = p.cu_seq_lens;
+    const int total = __ldg(cu + p.batch);
+    const int r = warp_find_request(cu, p.batch, row);
+    const int start = __ldg(cu + r);  // in L1: the search just loaded this line
+    const int stop = __ldg(cu + r + 1);
+    if (!(start <= row && row < stop)) {
+        if (row < total && lane == 0) ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
+        return;
+    }
+    const int pos = row - start;
+    const FastDiv by_block(p.block_size);
+    const int j = by_block(pos);
+    if (j >= p.max_blocks) {
+        if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
+        return;
+    }
+    const int b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+    if (b < 0 || b >= p.num_blocks) {
+        if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
+        return;
+    }
+    const int2 loc = make_int2(b, pos - j * p.block_size);
+    const V* src = reinterpret_cast<const V*>(p.kv_cache + value_offset(p, loc));
+    V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
+    const u32* ssrc = reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc));
+    u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
+    const int vpt = p.head_dim / KVEC;
+    // The first vector and scale word are both loaded before either is stored (a load may
+    // not move above a store that could alias it), so the two share one round trip.
+    const bool has_v = lane < vpt, has_s = lane < p.scale_words;
+    V v;
+    u32 w = 0;
+    if (has_v) v = __ldg(src + lane);
+    if (has_s) w = __ldg(ssrc + lane);
+    if (has_v) dst[lane] = v;
+    if (has_s) sdst[lane] = w;
+    for (int c = lane + 32; c < vpt; c += 32) dst[c] = __ldg(src + c);
+    for (int c = lane + 32; c < p.scale_words; c += 32) sdst[c] = __ldg(ssrc + c);
+}
+
 // One entry point per vector width and shape; names are fixed (extern "C") so the
 // host finds them without NVRTC name expressions.
 #define NG_GATHER_ENTRY(NAME, KVEC, UNROLL) \
@@ -186,3 +242,8 @@ NG_GATHER_ENTRY(gather_indexer_k_v4, 4, 4)
 NG_GATHER_ENTRY(gather_indexer_k_v16_wide, 16, 8)
 NG_GATHER_ENTRY(gather_indexer_k_v8_wide, 8, 8)
 NG_GATHER_ENTRY(gather_indexer_k_v4_wide, 4, 8)
+#define NG_GATHER_TINY_ENTRY(NAME, KVEC) \
+    extern "C" __global__ void __launch_bounds__(NG_THREADS) NAME(const GatherParams p) { gather_tiny<KVEC>(p); }
+NG_GATHER_TINY_ENTRY(gather_indexer_k_v16_tiny, 16)
+NG_GATHER_TINY_ENTRY(gather_indexer_k_v8_tiny, 8)
+NG_GATHER_TINY_ENTRY(gather_indexer_k_v4_tiny, 4)

@@ -185,16 +185,20 @@ def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
 
 
 def kernel_name(plan: GatherPlan) -> str:
-    """The entry point of cuda_src/gather_indexer_k.cu for a GPU plan: its vector width,
-    and the wide shape when tokens_per_cta chose blocks of more than 16 KiB."""
-    return KERNEL_NAMES[plan.vec, plan.tokens_per_cta * plan.head_dim > _BYTES_PER_CTA]
+    """The entry point of cuda_src/gather_indexer_k.cu for a GPU plan: its vector width and
+    shape. "tiny" (one warp per row) when tokens_per_cta chose its floor, one row per warp
+    (small calls: at most 16 rows per SM); "wide" when it chose blocks of more than 16 KiB."""
+    tpc, head_dim = plan.tokens_per_cta, plan.head_dim
+    if tpc == _MIN_TOKENS_PER_CTA and tpc * head_dim < _BYTES_PER_CTA:
+        return KERNEL_NAMES[plan.vec, "tiny"]
+    return KERNEL_NAMES[plan.vec, "wide" if tpc * head_dim > _BYTES_PER_CTA else ""]
 
 
-_MIN_TOKENS_PER_CTA = 8
+_MIN_TOKENS_PER_CTA = THREADS_PER_BLOCK // 32  # the tiny kernel's rows per block: one per warp
 _CTAS_PER_SM = 2048 // THREADS_PER_BLOCK  # resident blocks of 256 threads per SM (one wave)
-# (vector width, wide) -> entry point of cuda_src/gather_indexer_k.cu
-KERNEL_NAMES = {(vec, wide): f"gather_indexer_k_v{vec}{'_wide' if wide else ''}"
-                for vec in (16, 8, 4) for wide in (False, True)}
+# (vector width, shape) -> entry point of cuda_src/gather_indexer_k.cu
+KERNEL_NAMES = {(vec, shape): f"gather_indexer_k_v{vec}" + (f"_{shape}" if shape else "")
+                for vec in (16, 8, 4) for shape in ("", "wide", "tiny")}
 
 
 def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,

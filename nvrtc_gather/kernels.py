@@ -22,7 +22,7 @@ class KernelModule:
 GATHER = KernelModule(
     name="gather_indexer_k",
     source="gather_indexer_k.cu",
-    kernels=tuple(f"gather_indexer_k_v{vec}{wide}" for wide in ("", "_wide") for vec in (16, 8, 4)),
+    kernels=tuple(f"gather_indexer_k_v{vec}{shape}" for shape in ("", "_wide", "_tiny") for vec in (16, 8, 4)),
 )
 
 # --fmad=false: no a*b+c contraction; --ftz=false: subnormals kept (the default, made explicit).

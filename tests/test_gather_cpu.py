@@ -116,12 +116,14 @@ def test_rows_per_block():
     assert tokens_per_cta(64, 100000, 132) == 256    # 16 KiB is already 256 rows: no wider block
 
 
-def test_wide_kernels_run_the_wide_blocks():
+def test_each_block_shape_has_its_kernel():
     from nvrtc_gather.gather import GatherPlan, kernel_name
     def plan(vec, tpc, head_dim):
         return GatherPlan(0, vec, *([0] * 14), head_dim, 1, tpc)
     assert kernel_name(plan(16, 128, 128)) == "gather_indexer_k_v16"
+    assert kernel_name(plan(4, 76, 128)) == "gather_indexer_k_v4"
     assert kernel_name(plan(16, 256, 128)) == "gather_indexer_k_v16_wide"
     assert kernel_name(plan(8, 64, 512)) == "gather_indexer_k_v8_wide"
-    assert kernel_name(plan(4, 8, 128)) == "gather_indexer_k_v4"
     assert kernel_name(plan(16, 256, 64)) == "gather_indexer_k_v16"
+    assert kernel_name(plan(4, 8, 128)) == "gather_indexer_k_v4_tiny"   # small calls: a warp per row
+    assert kernel_name(plan(16, 8, 2048)) == "gather_indexer_k_v16"     # 8 rows of 2 KiB: a full block

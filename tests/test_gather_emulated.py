@@ -75,9 +75,14 @@ def _small_case():
                             lens=[20, 0, 33, 16, 5, 40], extra_rows=6, strided=False, extra_blocks=2)
 
 
+# Rows per block for the bad-index tests: the tiny kernel (8) and the 16 KiB one.
+SHAPES = pytest.mark.parametrize("tpc", [8, 37], ids=["tiny", "blocks"])
+
+
+@SHAPES
 @pytest.mark.parametrize("what,code", [("block_id_high", 3), ("block_id_negative", 3), ("cu_decreasing", 5),
                                        ("cu_total_past_rows", 6), ("cu_start", 4), ("too_many_blocks", 2)])
-def test_malformed_indices_are_skipped_and_reported(build, what, code):
+def test_malformed_indices_are_skipped_and_reported(build, what, code, tpc):
     _, dll = build
     c = _small_case()
     bt, cu = c.block_table, c.cu_seq_lens
@@ -94,19 +99,20 @@ def test_malformed_indices_are_skipped_and_reported(build, what, code):
     else:  # request 0 longer than its block_table row covers
         cu[1:] = torch.clamp(torch.maximum(cu[1:], torch.tensor(16 * bt.size(1) + 1, dtype=torch.int32)),
                              max=c.dst_k.size(0))
-    run_kernel(dll, c)  # no fault: the emulator reads host memory, a stray index would crash it
+    run_kernel(dll, c, tpc)  # no fault: the emulator reads host memory, a stray index would crash it
     err = torch.zeros(4, dtype=torch.int64)
-    run_kernel(dll, c, err=err)
+    run_kernel(dll, c, tpc, err=err)
     assert int(err[0]) != 0
     if what not in ("cu_decreasing", "cu_start"):  # these also make rows unowned, whichever is met first
         assert int(err[0]) == code, err
 
 
-def test_rows_with_good_indices_survive_a_bad_block_id(build):
+@SHAPES
+def test_rows_with_good_indices_survive_a_bad_block_id(build, tpc):
     _, dll = build
     c = _small_case()
     c.block_table[2, 1] = 10 ** 6  # request 2, tokens 16..32 are bad
-    run_kernel(dll, c)
+    run_kernel(dll, c, tpc)
     c.block_table[2, 1] = c.block_table[2, 0]
     k_ref, _ = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 1)
     got = c.dst_k.view(torch.uint8)
@@ -117,9 +123,11 @@ def test_rows_with_good_indices_survive_a_bad_block_id(build):
     assert torch.equal(got[keep], k_ref[keep])
 
 
+@SHAPES
 @pytest.mark.parametrize("what", ["cu_start", "block_id_high", "total_past_rows"])
-def test_single_request_speculation_never_uses_a_bad_guess(build, what):
-    """One request: block ids are fetched before cu_seq_lens[0] is known to be 0."""
+def test_single_request_speculation_never_uses_a_bad_guess(build, what, tpc):
+    """One request: the 16 KiB-block kernel fetches block ids before cu_seq_lens[0] is
+    known to be 0; the tiny kernel must handle the same inputs."""
     _, dll = build
     c = make_gather_case(random.Random(5), block_size=16, head_dim=128, quant_block_size=128, batch=1, lens=[70],
                          extra_rows=10, strided=False)
@@ -130,7 +138,7 @@ def test_single_request_speculation_never_uses_a_bad_guess(build, what):
         c.block_table[0, 2] = 1 << 30
     else:
         c.cu_seq_lens[1] = c.dst_k.size(0) + 100
-    run_kernel(dll, c)
+    run_kernel(dll, c, tpc)
     got = c.dst_k.view(torch.uint8)
     if what == "cu_start":
         assert bool((got[:16] == SENTINEL).all())
@@ -142,10 +150,10 @@ def test_single_request_speculation_never_uses_a_bad_guess(build, what):
 
 
 @pytest.mark.parametrize("offset,vec", [(0, 16), (8, 8), (4, 4)])
-@pytest.mark.parametrize("tpc", [128, 256])
-def test_every_entry_point(build, offset, vec, tpc):
-    """Each of the six kernels (3 vector widths x 2 block shapes): dst_k placed at a byte
-    offset picks the width; 256 rows at head_dim 128 make a wide block."""
+@pytest.mark.parametrize("tpc,shape", [(128, ""), (256, "_wide"), (8, "_tiny")])
+def test_every_entry_point(build, offset, vec, tpc, shape):
+    """Each of the nine kernels (3 vector widths x 3 shapes): dst_k placed at a byte
+    offset picks the width; 256 rows at head_dim 128 make a wide block, 8 a tiny one."""
     _, dll = build
     c = make_gather_case(random.Random(offset + tpc), block_size=16, head_dim=128, quant_block_size=64, batch=7,
                          max_len=120, strided=False, extra_rows=5)
@@ -153,7 +161,7 @@ def test_every_entry_point(build, offset, vec, tpc):
     store = torch.full((c.dst_k.numel() + 64,), SENTINEL, dtype=torch.uint8)
     c.dst_k = store[offset: offset + c.dst_k.numel()].view(c.dst_k.shape).view(c.dst_k.dtype)
     plan = gather.plan_gather(*c.args())._replace(tokens_per_cta=tpc)
-    assert gather.kernel_name(plan) == f"gather_indexer_k_v{vec}{'_wide' if tpc == 256 else ''}"
+    assert gather.kernel_name(plan) == f"gather_indexer_k_v{vec}{shape}"
     run_kernel(dll, c, tpc)
     assert torch.equal(c.dst_k.view(torch.uint8), k_ref) and torch.equal(c.dst_scale.view(torch.uint8), s_ref)
     assert bool((store[:offset] == SENTINEL).all()) and bool((store[offset + c.dst_k.numel():] == SENTINEL).all())

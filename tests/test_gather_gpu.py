@@ -184,9 +184,21 @@ def _small_case():
                             lens=[20, 0, 33, 16, 5, 40], extra_rows=6, strided=False, extra_blocks=2)
 
 
+# Rows per block for the bad-index tests: the op's choice for these small cases (the tiny
+# kernel, a warp per row) and 37 (the 16 KiB-block kernel).
+SHAPES = pytest.mark.parametrize("tpc", [None, 37], ids=["tiny", "blocks"])
+
+
+def _force_rows_per_block(monkeypatch, tpc):
+    if tpc is not None:
+        monkeypatch.setattr(gather, "tokens_per_cta", lambda head_dim, num_tokens, sm_count: tpc)
+
+
+@SHAPES
 @pytest.mark.parametrize("what", ["block_id_high", "block_id_negative", "cu_decreasing", "cu_total_past_rows",
                                   "cu_start", "too_many_blocks"])
-def test_malformed_indices_are_skipped_without_touching_other_memory(what, monkeypatch):
+def test_malformed_indices_are_skipped_without_touching_other_memory(what, tpc, monkeypatch):
+    _force_rows_per_block(monkeypatch, tpc)
     c = to_device(_small_case(), "cuda")
     bt, cu = c.block_table, c.cu_seq_lens
     nb = c.kv_cache.size(0)
@@ -216,7 +228,9 @@ def test_debug_mode_is_silent_on_good_input(monkeypatch):
     _run_and_compare(_small_case())
 
 
-def test_rows_with_good_indices_survive_a_bad_block_id():
+@SHAPES
+def test_rows_with_good_indices_survive_a_bad_block_id(tpc, monkeypatch):
+    _force_rows_per_block(monkeypatch, tpc)
     c_cpu = _small_case()
     c_cpu.block_table[2, 1] = 10 ** 6  # request 2, tokens 16..32 are bad
     c = to_device(c_cpu, "cuda")
@@ -250,9 +264,12 @@ def test_second_process_on_warm_cache_compiles_nothing(tmp_path):
     assert first.stdout.split()[-1] == "1" and second.stdout.split()[-1] == "0"
 
 
+@SHAPES
 @pytest.mark.parametrize("what", ["cu_start", "block_id_high", "total_past_rows"])
-def test_single_request_speculation_never_uses_a_bad_guess(what, monkeypatch):
-    """One request: block ids are fetched before cu_seq_lens[0] is known to be 0."""
+def test_single_request_speculation_never_uses_a_bad_guess(what, tpc, monkeypatch):
+    """One request: the 16 KiB-block kernel fetches block ids before cu_seq_lens[0] is
+    known to be 0; the tiny kernel must handle the same inputs."""
+    _force_rows_per_block(monkeypatch, tpc)
     rng = random.Random(5)
     c_cpu = make_gather_case(rng, block_size=16, head_dim=128, quant_block_size=128, batch=1, lens=[70],
                              extra_rows=10, strided=False)
