@@ -115,9 +115,8 @@ def gather_variant_launcher(module: KernelModule, kv, k, s, block_table, cu):
     GATHER) for this call exactly as the op runs GATHER's: same plan, grid and launcher."""
     p = gather.plan_gather(kv, k, s, block_table, cu)
     stream = current_stream(p.device)
-    fn = registry.functions(module, p.device, stream)[gather.kernel_name(p)]
-    grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
-    values = p[2:] + (0,)
+    name, grid, values = gather.launch_config(p)
+    fn = registry.functions(module, p.device, stream)[name]
 
     def run(_keep=(kv, k, s, block_table, cu)):  # the tensors live as long as the function
         if grid and p.batch:  # as the op: nothing to launch for an empty call
@@ -279,12 +278,9 @@ def host_cost(calls: int = 10000) -> dict:
         return statistics.median(t) / 1000.0
 
     dev = torch.cuda.current_device()
-    p = plan(*args)
-    fn = registry.functions(GATHER, dev)[gather.kernel_name(p)]
-    tpc = p.tokens_per_cta
-    values = p[2:] + (0,)
+    name, grid, values = gather.launch_config(plan(*args))
+    fn = registry.functions(GATHER, dev)[name]
     stream = current_stream(dev)
-    grid = (p.num_tokens + tpc - 1) // tpc
     raw = driver.raw()
     buf, params, _cfg, _cfg_addr, cur, cur_ref, _ = launcher._thread_state()
     launch = launcher.launch

@@ -195,6 +195,13 @@ def kernel_name(plan: GatherPlan) -> str:
     return KERNEL_NAMES[plan.vec, "wide" if tpc * head_dim > _BYTES_PER_CTA else ""]
 
 
+def launch_config(plan: GatherPlan, err_ptr: int = 0) -> tuple[str, int, tuple]:
+    """Kernel name, grid size and PARAMS values of a validated GPU call with rows to copy
+    (the error pointer is the struct's last field; 0 outside debug mode)."""
+    tpc = plan.tokens_per_cta
+    return kernel_name(plan), (plan.num_tokens + tpc - 1) // tpc, plan[2:] + (err_ptr,)
+
+
 _MIN_TOKENS_PER_CTA = THREADS_PER_BLOCK // 32  # the tiny kernel's rows per block: one per warp
 _CTAS_PER_SM = 2048 // THREADS_PER_BLOCK  # resident blocks of 256 threads per SM (one wave)
 # (vector width, shape) -> entry point of cuda_src/gather_indexer_k.cu
@@ -227,11 +234,9 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if plan.num_tokens == 0 or plan.batch == 0:
         return
     stream = current_stream(device)
-    fn = registry.functions(GATHER, device, stream)[kernel_name(plan)]
-    grid = (plan.num_tokens + plan.tokens_per_cta - 1) // plan.tokens_per_cta
-    if not settings.debug_enabled():
-        launcher.launch(device, fn, grid, stream, PARAMS, plan[2:] + (0,))
-        return
-    err = debug_check.error_buffer(device)
-    launcher.launch(device, fn, grid, stream, PARAMS, plan[2:] + (err.data_ptr(),))
-    debug_check.raise_if_set(err, "cp_gather_indexer_k_quant_cache")
+    fns = registry.functions(GATHER, device, stream)
+    err = debug_check.error_buffer(device) if settings.debug_enabled() else None
+    name, grid, values = launch_config(plan, 0 if err is None else err.data_ptr())
+    launcher.launch(device, fns[name], grid, stream, PARAMS, values)
+    if err is not None:
+        debug_check.raise_if_set(err, "cp_gather_indexer_k_quant_cache")

@@ -26,11 +26,9 @@ def run_kernel(dll, case, tokens_per_cta=None, err=None):
     """What the op does on a GPU for ``case`` (CPU tensors), with the kernel run by the emulator."""
     plan = gather.plan_gather(*case.args())
     tpc = tokens_per_cta or gather.tokens_per_cta(plan.head_dim, plan.num_tokens, H200_SMS)
-    plan = plan._replace(tokens_per_cta=tpc)
-    params = gather.PARAMS.pack(*plan[2:], 0 if err is None else err.data_ptr())
-    fn = ctypes.cast(getattr(dll, gather.kernel_name(plan)), ctypes.c_void_p)
-    grid = -(-plan.num_tokens // tpc)
-    assert dll.emu_launch(fn, params, grid) == gather.PARAMS.size  # struct sizes agree
+    name, grid, values = gather.launch_config(plan._replace(tokens_per_cta=tpc), 0 if err is None else err.data_ptr())
+    fn = ctypes.cast(getattr(dll, name), ctypes.c_void_p)
+    assert dll.emu_launch(fn, gather.PARAMS.pack(*values), grid) == gather.PARAMS.size  # struct sizes agree
     assert dll.emu_faults() == 0, "misaligned vector load or store"
 
 

@@ -1,5 +1,6 @@
 """registry.functions and the launcher's context handling against a fake CUDA driver, so
 the load path runs in CI without a GPU: NVRTC and the disk cache are real."""
+import ctypes
 import struct
 
 import pytest
@@ -15,6 +16,8 @@ class FakeDriver:
     def __init__(self):
         self.loaded, self.bad, self.current, self.pushed = [], set(), 0, []
         self.launches, self.fetch_ctx = [], []
+        self.grid, self.params = None, b""  # of the last launch
+        self.on_launch = None  # what the "kernel" does
 
     def load_library(self, image):
         self.loaded.append(image)
@@ -44,6 +47,11 @@ class FakeDriver:
 
     def launch_ex(self, cfg, fn, params, extra):
         self.launches.append((self.pushed[-1] if self.pushed else self.current, fn))
+        self.grid = driver.LaunchConfig.from_address(cfg).gridDimX
+        # params: the address of a void*[1] pointing at the packed struct; keep its head
+        self.params = ctypes.string_at(ctypes.c_void_p.from_address(params).value, 256)
+        if self.on_launch:
+            self.on_launch()
         return 0
 
 
@@ -119,8 +127,8 @@ def test_kernels_are_fetched_in_the_devices_primary_context(fake):
 
 
 def test_both_ops_dispatch_through_registry_and_launcher(fake, monkeypatch):
-    """The ops' CUDA branch (kernel choice, grid, parameter packing, launch) with the plan
-    of CPU tensors relabelled as device 0 and the fake driver underneath."""
+    """The ops' CUDA branch (kernel choice, grid, parameter packing, launch, debug-mode error
+    buffer) with the plan of CPU tensors relabelled as device 0 and the fake driver underneath."""
     import random
 
     import torch
@@ -135,8 +143,9 @@ def test_both_ops_dispatch_through_registry_and_launcher(fake, monkeypatch):
     monkeypatch.setattr(gather, "plan_gather", lambda *a: plan)
     monkeypatch.setattr(gather, "current_stream", lambda device: 0)
     gather.cp_gather_indexer_k_quant_cache(*c.args())
-    fns = registry.functions(kernels.GATHER, 0)
-    assert fake.launches[-1] == (7, fns[gather.kernel_name(plan)])
+    name, grid, values = gather.launch_config(plan)
+    assert fake.launches[-1] == (7, registry.functions(kernels.GATHER, 0)[name])
+    assert (fake.grid, fake.params[:gather.PARAMS.size]) == (grid, gather.PARAMS.pack(*values))
 
     q = make_quant_case(random.Random(2), head_dim=128, quant_block_size=64, block_size=16,
                         dtype=torch.bfloat16, scale_fmt="ue8m0", num_tokens=20)
@@ -144,5 +153,26 @@ def test_both_ops_dispatch_through_registry_and_launcher(fake, monkeypatch):
     monkeypatch.setattr(quant_cache, "plan_quant", lambda *a: qplan)
     monkeypatch.setattr(quant_cache, "current_stream", lambda device: 0)
     quant_cache.indexer_k_quant_and_cache(*q.args())
-    name = quant_cache.KERNEL_NAMES[torch.bfloat16, qplan.vec]
+    name, grid, values = quant_cache.launch_config(qplan, torch.bfloat16)
     assert fake.launches[-1] == (7, registry.functions(kernels.QUANT, 0)[name])
+    assert (fake.grid, fake.params[:quant_cache.PARAMS.size]) == (grid, quant_cache.PARAMS.pack(*values))
+
+    # Debug mode: the error buffer's address goes into the struct, and an error the kernel
+    # records there is raised.
+    from nvrtc_gather import debug_check
+    err = torch.zeros(4, dtype=torch.int64)
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    monkeypatch.setattr(debug_check, "error_buffer", lambda device: err)
+    fake.on_launch = lambda: err.copy_(torch.tensor([3, 21, 2, 10 ** 6]))
+    with pytest.raises(ValueError, match="row 21 .request 2. maps to physical block 1000000"):
+        gather.cp_gather_indexer_k_quant_cache(*c.args())
+    assert fake.params[:gather.PARAMS.size] == gather.PARAMS.pack(*gather.launch_config(plan, err.data_ptr())[2])
+    err.zero_()
+    fake.on_launch = lambda: err.copy_(torch.tensor([7, 5, 99999, 640]))
+    with pytest.raises(ValueError, match="slot_mapping: entry 5 = 99999"):
+        quant_cache.indexer_k_quant_and_cache(*q.args())
+    assert fake.params[:quant_cache.PARAMS.size] == quant_cache.PARAMS.pack(
+        *quant_cache.launch_config(qplan, torch.bfloat16, err.data_ptr())[2])
+    err.zero_()
+    fake.on_launch = None
+    gather.cp_gather_indexer_k_quant_cache(*c.args())  # nothing recorded: no error
