@@ -118,6 +118,84 @@ def to_device(case: GatherCase, device) -> GatherCase:
 
 # --- indexer_k_quant_and_cache -------------------------------------------------------------
 
+# Bad indices, shared by the kernel's emulator and GPU tests: what is broken -> the
+# debug-mode error code it must raise (cu_decreasing and cu_start may also surface first
+# as rows that belong to no request, code 1).
+MALFORMED = {"block_id_high": 3, "block_id_negative": 3, "cu_decreasing": 5, "cu_total_past_rows": 6,
+             "cu_start": 4, "too_many_blocks": 2}
+
+
+def small_gather_case() -> GatherCase:
+    """Six requests of 16-token blocks, one empty, a 6-row spare tail (CPU tensors)."""
+    return make_gather_case(random.Random(99), block_size=16, head_dim=128, quant_block_size=128, batch=6,
+                            lens=[20, 0, 33, 16, 5, 40], extra_rows=6, strided=False, extra_blocks=2)
+
+
+def break_indices(c: GatherCase, what: str) -> None:
+    """Make one of MALFORMED's faults in ``c`` (a small_gather_case, on any device), in place."""
+    bt, cu = c.block_table, c.cu_seq_lens
+    if what == "block_id_high":
+        bt[2, 1] = c.kv_cache.size(0) + 1000000
+    elif what == "block_id_negative":
+        bt[0, 0] = -5
+    elif what == "cu_decreasing":
+        cu[3] = 10
+    elif what == "cu_total_past_rows":
+        cu[-1] = c.dst_k.size(0) + 500
+    elif what == "cu_start":
+        cu[0] = 3
+    else:  # too_many_blocks: request 0 longer than its block_table row covers
+        cu[1:] = torch.clamp(torch.maximum(cu[1:], torch.tensor(16 * bt.size(1) + 1, dtype=torch.int32,
+                                                                 device=cu.device)), max=c.dst_k.size(0))
+
+
+def bad_block_id_case():
+    """(small_gather_case with request 2's second block id out of range, the reference
+    bytes of the case without that fault, the rows the fault must leave untouched)."""
+    c = small_gather_case()
+    c.block_table[2, 1] = c.block_table[2, 0]
+    k_ref, _ = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 1)
+    c.block_table[2, 1] = 10 ** 6  # request 2 (rows 20..52), tokens 16..32
+    return c, k_ref, slice(20 + 16, 20 + 32)
+
+
+def assert_only_rows_skipped(got: torch.Tensor, k_ref: torch.Tensor, bad: slice) -> None:
+    """Rows ``bad`` of ``got`` (dst_k bytes) were never written; every other row is exact."""
+    assert bool((got[bad] == SENTINEL).all())
+    keep = torch.ones(got.size(0), dtype=torch.bool)
+    keep[bad] = False
+    assert torch.equal(got[keep], k_ref[keep])
+
+
+SINGLE_REQUEST_FAULTS = ("cu_start", "block_id_high", "total_past_rows")
+
+
+def single_request_case(what: str):
+    """(one request of 70 tokens with fault ``what`` of SINGLE_REQUEST_FAULTS, the reference
+    bytes without it): block ids a kernel fetches before cu_seq_lens[0] is known to be 0
+    must never be used on a bad guess."""
+    c = make_gather_case(random.Random(5), block_size=16, head_dim=128, quant_block_size=128, batch=1, lens=[70],
+                         extra_rows=10, strided=False)
+    k_ref, _ = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 1)
+    if what == "cu_start":
+        c.cu_seq_lens[0] = 16  # rows 0..15 belong to nobody; 16.. are request 0's tokens 0..
+    elif what == "block_id_high":
+        c.block_table[0, 2] = 1 << 30
+    else:
+        c.cu_seq_lens[1] = c.dst_k.size(0) + 100
+    return c, k_ref
+
+
+def assert_single_request_result(got: torch.Tensor, k_ref: torch.Tensor, what: str) -> None:
+    if what == "cu_start":
+        assert bool((got[:16] == SENTINEL).all())
+        assert torch.equal(got[16:70], k_ref[:54])
+    elif what == "block_id_high":
+        assert bool((got[32:48] == SENTINEL).all()) and torch.equal(got[:32], k_ref[:32])
+    else:
+        assert torch.equal(got[:70], k_ref[:70])
+
+
 def quant_reference(k, kv_cache, slot_mapping, quant_block_size, scale_fmt):
     """The kv_cache bytes (uint8, shape [num_blocks, block_size, cache_stride]) expected after
     indexer_k_quant_and_cache, token by token from DESIGN.md §2: numpy fp32 arithmetic for

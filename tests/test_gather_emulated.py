@@ -15,7 +15,9 @@ import torch
 
 from nvrtc_gather import gather, kernels
 from host_emu import emulator
-from reference import SENTINEL, gather_reference, make_gather_case
+from reference import (MALFORMED, SENTINEL, SINGLE_REQUEST_FAULTS, assert_only_rows_skipped,
+                       assert_single_request_result, bad_block_id_case, break_indices, gather_reference,
+                       make_gather_case, single_request_case, small_gather_case)
 
 H200_SMS = 132
 # The default build, and every other benchmark build as its -D options.
@@ -68,83 +70,41 @@ def test_one_long_request_over_many_blocks(build):
                                     extra_rows=40), tpc)
 
 
-def _small_case():
-    return make_gather_case(random.Random(99), block_size=16, head_dim=128, quant_block_size=128, batch=6,
-                            lens=[20, 0, 33, 16, 5, 40], extra_rows=6, strided=False, extra_blocks=2)
-
-
 # Rows per block for the bad-index tests: the tiny kernel (8) and the 16 KiB one.
 SHAPES = pytest.mark.parametrize("tpc", [8, 37], ids=["tiny", "blocks"])
 
 
 @SHAPES
-@pytest.mark.parametrize("what,code", [("block_id_high", 3), ("block_id_negative", 3), ("cu_decreasing", 5),
-                                       ("cu_total_past_rows", 6), ("cu_start", 4), ("too_many_blocks", 2)])
-def test_malformed_indices_are_skipped_and_reported(build, what, code, tpc):
+@pytest.mark.parametrize("what", MALFORMED)
+def test_malformed_indices_are_skipped_and_reported(build, what, tpc):
     _, dll = build
-    c = _small_case()
-    bt, cu = c.block_table, c.cu_seq_lens
-    if what == "block_id_high":
-        bt[2, 1] = c.kv_cache.size(0) + 1000000
-    elif what == "block_id_negative":
-        bt[0, 0] = -5
-    elif what == "cu_decreasing":
-        cu[3] = 10
-    elif what == "cu_total_past_rows":
-        cu[-1] = c.dst_k.size(0) + 500
-    elif what == "cu_start":
-        cu[0] = 3
-    else:  # request 0 longer than its block_table row covers
-        cu[1:] = torch.clamp(torch.maximum(cu[1:], torch.tensor(16 * bt.size(1) + 1, dtype=torch.int32)),
-                             max=c.dst_k.size(0))
+    c = small_gather_case()
+    break_indices(c, what)
     run_kernel(dll, c, tpc)  # no fault: the emulator reads host memory, a stray index would crash it
     err = torch.zeros(4, dtype=torch.int64)
     run_kernel(dll, c, tpc, err=err)
     assert int(err[0]) != 0
     if what not in ("cu_decreasing", "cu_start"):  # these also make rows unowned, whichever is met first
-        assert int(err[0]) == code, err
+        assert int(err[0]) == MALFORMED[what], err
 
 
 @SHAPES
 def test_rows_with_good_indices_survive_a_bad_block_id(build, tpc):
     _, dll = build
-    c = _small_case()
-    c.block_table[2, 1] = 10 ** 6  # request 2, tokens 16..32 are bad
+    c, k_ref, bad = bad_block_id_case()
     run_kernel(dll, c, tpc)
-    c.block_table[2, 1] = c.block_table[2, 0]
-    k_ref, _ = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 1)
-    got = c.dst_k.view(torch.uint8)
-    bad = slice(20 + 16, 20 + 32)
-    assert bool((got[bad] == SENTINEL).all())
-    keep = torch.ones(got.size(0), dtype=torch.bool)
-    keep[bad] = False
-    assert torch.equal(got[keep], k_ref[keep])
+    assert_only_rows_skipped(c.dst_k.view(torch.uint8), k_ref, bad)
 
 
 @SHAPES
-@pytest.mark.parametrize("what", ["cu_start", "block_id_high", "total_past_rows"])
+@pytest.mark.parametrize("what", SINGLE_REQUEST_FAULTS)
 def test_single_request_speculation_never_uses_a_bad_guess(build, what, tpc):
     """One request: the 16 KiB-block kernel fetches block ids before cu_seq_lens[0] is
     known to be 0; the tiny kernel must handle the same inputs."""
     _, dll = build
-    c = make_gather_case(random.Random(5), block_size=16, head_dim=128, quant_block_size=128, batch=1, lens=[70],
-                         extra_rows=10, strided=False)
-    k_ref, _ = gather_reference(c.kv_cache, c.block_table, c.cu_seq_lens, c.dst_k.size(0), 128, 1)
-    if what == "cu_start":
-        c.cu_seq_lens[0] = 16  # rows 0..15 belong to nobody; 16.. are request 0's tokens 0..
-    elif what == "block_id_high":
-        c.block_table[0, 2] = 1 << 30
-    else:
-        c.cu_seq_lens[1] = c.dst_k.size(0) + 100
+    c, k_ref = single_request_case(what)
     run_kernel(dll, c, tpc)
-    got = c.dst_k.view(torch.uint8)
-    if what == "cu_start":
-        assert bool((got[:16] == SENTINEL).all())
-        assert torch.equal(got[16:70], k_ref[:54])
-    elif what == "block_id_high":
-        assert bool((got[32:48] == SENTINEL).all()) and torch.equal(got[:32], k_ref[:32])
-    else:
-        assert torch.equal(got[:70], k_ref[:70])
+    assert_single_request_result(c.dst_k.view(torch.uint8), k_ref, what)
 
 
 @pytest.mark.parametrize("offset,vec", [(0, 16), (8, 8), (4, 4)])

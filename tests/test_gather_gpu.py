@@ -16,7 +16,9 @@ import nvrtc_gather as ng
 from nvrtc_gather import gather, kernels
 from nvrtc_gather.bench import gather_variant_launcher
 from nvrtc_gather.gather_torch import gather_torch
-from reference import SENTINEL, assert_no_allocation_on_a_side_stream, gather_reference, make_gather_case, to_device
+from reference import (MALFORMED, SENTINEL, SINGLE_REQUEST_FAULTS, assert_no_allocation_on_a_side_stream,
+                       assert_only_rows_skipped, assert_single_request_result, bad_block_id_case, break_indices,
+                       gather_reference, make_gather_case, single_request_case, small_gather_case, to_device)
 
 pytestmark = pytest.mark.gpu
 FP8 = torch.float8_e4m3fn
@@ -178,12 +180,6 @@ def test_cache_above_4_gib():
     torch.cuda.empty_cache()
 
 
-def _small_case():
-    rng = random.Random(99)
-    return make_gather_case(rng, block_size=16, head_dim=128, quant_block_size=128, batch=6,
-                            lens=[20, 0, 33, 16, 5, 40], extra_rows=6, strided=False, extra_blocks=2)
-
-
 # Rows per block for the bad-index tests: the op's choice for these small cases (the tiny
 # kernel, a warp per row) and 37 (the 16 KiB-block kernel).
 SHAPES = pytest.mark.parametrize("tpc", [None, 37], ids=["tiny", "blocks"])
@@ -195,27 +191,11 @@ def _force_rows_per_block(monkeypatch, tpc):
 
 
 @SHAPES
-@pytest.mark.parametrize("what", ["block_id_high", "block_id_negative", "cu_decreasing", "cu_total_past_rows",
-                                  "cu_start", "too_many_blocks"])
+@pytest.mark.parametrize("what", MALFORMED)
 def test_malformed_indices_are_skipped_without_touching_other_memory(what, tpc, monkeypatch):
     _force_rows_per_block(monkeypatch, tpc)
-    c = to_device(_small_case(), "cuda")
-    bt, cu = c.block_table, c.cu_seq_lens
-    nb = c.kv_cache.size(0)
-    if what == "block_id_high":
-        bt[2, 1] = nb + 1000000
-    elif what == "block_id_negative":
-        bt[0, 0] = -5
-    elif what == "cu_decreasing":
-        cu[3] = 10
-    elif what == "cu_total_past_rows":
-        cu[-1] = c.dst_k.size(0) + 500
-    elif what == "cu_start":
-        cu[0] = 3
-    elif what == "too_many_blocks":
-        m = 16 * bt.size(1) + 1  # request 0 longer than its block_table row covers
-        cu[1:] = torch.clamp(torch.maximum(cu[1:], torch.tensor(m, device="cuda", dtype=torch.int32)),
-                             max=c.dst_k.size(0))
+    c = to_device(small_gather_case(), "cuda")
+    break_indices(c, what)
     ng.cp_gather_indexer_k_quant_cache(*c.args())  # no crash, no out-of-bounds access (memcheck run)
     torch.cuda.synchronize()
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
@@ -225,28 +205,20 @@ def test_malformed_indices_are_skipped_without_touching_other_memory(what, tpc, 
 
 def test_debug_mode_is_silent_on_good_input(monkeypatch):
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
-    _run_and_compare(_small_case())
+    _run_and_compare(small_gather_case())
 
 
 @SHAPES
 def test_rows_with_good_indices_survive_a_bad_block_id(tpc, monkeypatch):
     _force_rows_per_block(monkeypatch, tpc)
-    c_cpu = _small_case()
-    c_cpu.block_table[2, 1] = 10 ** 6  # request 2, tokens 16..32 are bad
+    c_cpu, k_ref, bad = bad_block_id_case()
     c = to_device(c_cpu, "cuda")
     ng.cp_gather_indexer_k_quant_cache(*c.args())
-    c_cpu.block_table[2, 1] = c_cpu.block_table[2, 0]
-    k_ref, _ = gather_reference(c_cpu.kv_cache, c_cpu.block_table, c_cpu.cu_seq_lens, c_cpu.dst_k.size(0), 128, 1)
-    got = c.dst_k.view(torch.uint8).cpu()
-    bad = slice(20 + 16, 20 + 32)
-    assert bool((got[bad] == SENTINEL).all())
-    keep = torch.ones(got.size(0), dtype=torch.bool)
-    keep[bad] = False
-    assert torch.equal(got[keep], k_ref[keep])
+    assert_only_rows_skipped(c.dst_k.view(torch.uint8).cpu(), k_ref, bad)
 
 
 def test_no_allocation_and_current_stream():
-    c = to_device(_small_case(), "cuda")
+    c = to_device(small_gather_case(), "cuda")
     assert_no_allocation_on_a_side_stream(lambda: ng.cp_gather_indexer_k_quant_cache(*c.args()))
 
 
@@ -265,31 +237,15 @@ def test_second_process_on_warm_cache_compiles_nothing(tmp_path):
 
 
 @SHAPES
-@pytest.mark.parametrize("what", ["cu_start", "block_id_high", "total_past_rows"])
+@pytest.mark.parametrize("what", SINGLE_REQUEST_FAULTS)
 def test_single_request_speculation_never_uses_a_bad_guess(what, tpc, monkeypatch):
     """One request: the 16 KiB-block kernel fetches block ids before cu_seq_lens[0] is
     known to be 0; the tiny kernel must handle the same inputs."""
     _force_rows_per_block(monkeypatch, tpc)
-    rng = random.Random(5)
-    c_cpu = make_gather_case(rng, block_size=16, head_dim=128, quant_block_size=128, batch=1, lens=[70],
-                             extra_rows=10, strided=False)
+    c_cpu, k_ref = single_request_case(what)
     c = to_device(c_cpu, "cuda")
-    if what == "cu_start":
-        c.cu_seq_lens[0] = 16  # rows 0..15 belong to nobody; 16.. are request 0's tokens 0..
-    elif what == "block_id_high":
-        c.block_table[0, 2] = 1 << 30
-    else:
-        c.cu_seq_lens[1] = c.dst_k.size(0) + 100
     ng.cp_gather_indexer_k_quant_cache(*c.args())
-    got = c.dst_k.view(torch.uint8).cpu()
-    k_ref, _ = gather_reference(c_cpu.kv_cache, c_cpu.block_table, c_cpu.cu_seq_lens, c_cpu.dst_k.size(0), 128, 1)
-    if what == "cu_start":
-        assert bool((got[:16] == SENTINEL).all())
-        assert torch.equal(got[16:70], k_ref[:54])
-    elif what == "block_id_high":
-        assert bool((got[32:48] == SENTINEL).all()) and torch.equal(got[:32], k_ref[:32])
-    else:
-        assert torch.equal(got[:70], k_ref[:70])
+    assert_single_request_result(c.dst_k.view(torch.uint8).cpu(), k_ref, what)
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
     with pytest.raises(ValueError, match="debug mode"):
         ng.cp_gather_indexer_k_quant_cache(*c.args())
