@@ -9,6 +9,7 @@ fresh process, cold compile. Writes a table, JSON and a PNG chart."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -218,28 +219,37 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
     return rows
 
 
+@contextlib.contextmanager
+def rows_per_block(tpc: int | None):
+    """Inside, every gather plan (the op's or a benchmark build's) uses ``tpc`` rows per
+    thread block instead of gather.tokens_per_cta's rule (None: the rule). plan_gather
+    looks the rule up by name on every call."""
+    rule = gather.tokens_per_cta
+    if tpc is not None:
+        gather.tokens_per_cta = lambda head_dim, num_tokens, sm_count: tpc
+    try:
+        yield
+    finally:
+        gather.tokens_per_cta = rule
+
+
 def sweep_tokens_per_cta(values: list[int], reps: int, variants: tuple = ()) -> list[dict]:
     """Op time per workload for several tokens-per-block settings (a runtime parameter),
     and that of each benchmark build in ``variants`` (keys "<tpc>" and "<name> <tpc>")."""
     l2, flush = l2_bytes(), flush_buffer()
     out = []
-    chosen = gather.tokens_per_cta  # plan_gather looks it up by name on every call
-    try:
-        for batch, mean in WORKLOADS:
-            w = Workload(batch, mean, l2, seed=batch * 7 + mean)
-            k, s = w.outputs()
-            row = {"workload": w.name}
-            for tpc in values:
-                gather.tokens_per_cta = lambda head_dim, num_tokens, sm_count, tpc=tpc: tpc
+    for batch, mean in WORKLOADS:
+        w = Workload(batch, mean, l2, seed=batch * 7 + mean)
+        k, s = w.outputs()
+        row = {"workload": w.name}
+        for tpc in values:
+            with rows_per_block(tpc):
                 fns = {str(tpc): lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)}
                 fns.update({f"{m.name} {tpc}": gather_variant_launcher(m, w.kv, k, s, w.block_table, w.cu)
                             for m in variants})
                 row.update(time_interleaved(fns, flush, reps))
-            out.append(row)
-            print(f"{w.name:>12} " + " ".join(f"{v:8.1f}" for key, v in row.items() if key != "workload"),
-                  flush=True)
-    finally:
-        gather.tokens_per_cta = chosen
+        out.append(row)
+        print(f"{w.name:>12} " + " ".join(f"{v:8.1f}" for key, v in row.items() if key != "workload"), flush=True)
     return out
 
 

@@ -34,21 +34,19 @@ def run(workloads) -> None:
     import torch
     from nvrtc_gather import bench, gather
     l2 = bench.l2_bytes()
-    rule = gather.tokens_per_cta
     for batch, mean in workloads:
         w = bench.Workload(batch, mean, l2, seed=batch * 7 + mean)
         k, s = w.outputs()
         for label, module, tpc in configs():
-            gather.tokens_per_cta = rule if tpc is None else (lambda head_dim, num_tokens, sm_count, tpc=tpc: tpc)
-            if module is None:
-                fn = lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)  # noqa: E731
-            elif module == "baseline":
-                fn = lambda: bench._baseline(w, k, s)  # noqa: E731
-            else:
-                fn = bench.gather_variant_launcher(module, w.kv, k, s, w.block_table, w.cu)
-            for _ in range(REPS):
-                fn()
-        gather.tokens_per_cta = rule
+            with bench.rows_per_block(tpc):
+                if module is None:
+                    fn = lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)  # noqa: E731
+                elif module == "baseline":
+                    fn = lambda: bench._baseline(w, k, s)  # noqa: E731
+                else:
+                    fn = bench.gather_variant_launcher(module, w.kv, k, s, w.block_table, w.cu)
+                for _ in range(REPS):
+                    fn()
         torch.cuda.synchronize()
         print(f"{w.name}: {len(configs())} configurations x {REPS}", file=sys.stderr)
 
