@@ -32,7 +32,6 @@ for stage in $stages; do
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "
-import sys, torch
 from nvrtc_gather import compiler, driver, kernels
 t = compiler.pick_target(driver.capability(0))
 for m in kernels.ALL_MODULES + kernels.BENCH_MODULES:
