@@ -159,14 +159,26 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
         v.aligned("dst_k", "stride(0)", k_row)
         v.aligned("dst_scale", "data pointer", s_ptr)
         v.aligned("dst_scale", "row stride in bytes", scale_row_stride)
+    bt_ptr, cu_ptr = block_table.data_ptr(), cu_seq_lens.data_ptr()
+    if num_tokens and batch:  # something is written: no written byte may be one the op reads
+        k_end = k_ptr + (num_tokens - 1) * k_row + head_dim
+        s_end = s_ptr + (num_tokens - 1) * scale_row_stride + 4 * scale_words
+        kv_end = kv_ptr + (num_blocks - 1) * block_stride + block_size * _cache_stride if num_blocks else kv_ptr
+        bt_end = bt_ptr + 4 * ((batch - 1) * bt_row + (max_blocks - 1) * bt_col + 1) if max_blocks else bt_ptr
+        cu_end = cu_ptr + 4 * (batch * cu_seq_lens.stride(0) + 1)
+        if (k_ptr < kv_end and kv_ptr < k_end) or (s_ptr < kv_end and kv_ptr < s_end) or \
+                (k_ptr < bt_end and bt_ptr < k_end) or (s_ptr < bt_end and bt_ptr < s_end) or \
+                (k_ptr < cu_end and cu_ptr < k_end) or (s_ptr < cu_end and cu_ptr < s_end):
+            v.disjoint({"dst_k": (k_ptr, k_end), "dst_scale": (s_ptr, s_end)},
+                       {"kv_cache": (kv_ptr, kv_end), "block_table": (bt_ptr, bt_end),
+                        "cu_seq_lens": (cu_ptr, cu_end)})
     low = kv_ptr | block_stride | head_dim | k_ptr | k_row
     vec = 16 if not low & 15 else (8 if not low & 7 else 4)
     tpc = 0
     if device >= 0:
         tpc = tokens_per_cta(head_dim, num_tokens, driver.sm_count(device))  # lru_cached
-    return GatherPlan(device, vec, kv_ptr, k_ptr, s_ptr, block_table.data_ptr(), cu_seq_lens.data_ptr(),
-                      block_stride, k_row, scale_row_stride, bt_row, num_tokens, batch, max_blocks, num_blocks,
-                      block_size, head_dim, scale_words, tpc)
+    return GatherPlan(device, vec, kv_ptr, k_ptr, s_ptr, bt_ptr, cu_ptr, block_stride, k_row, scale_row_stride,
+                      bt_row, num_tokens, batch, max_blocks, num_blocks, block_size, head_dim, scale_words, tpc)
 
 
 def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:

@@ -44,5 +44,10 @@ def gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> 
 
     k_src, s_src = cache_layout.views(kv_cache, plan.num_blocks, plan.block_size, plan.block_stride,
                                       plan.head_dim, plan.scale_words)
-    dst_k.view(torch.uint8)[:total] = k_src[blk, tok]
-    dst_scale.view(torch.uint8)[:total] = s_src[blk, tok]
+    # Both gathered before either is written; the scales are copied as int32 words when
+    # dst_scale is float32 (a view of equal element size works for every stride, and copies bits).
+    k_rows, s_rows = k_src[blk, tok], s_src[blk, tok]
+    if dst_scale.dtype != torch.uint8:
+        s_rows = s_rows.view(torch.int32)
+    dst_k.view(torch.uint8)[:total] = k_rows
+    dst_scale.view(s_rows.dtype)[:total] = s_rows

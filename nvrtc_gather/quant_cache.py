@@ -82,7 +82,11 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
     if type(qbs) is not int:
         if isinstance(qbs, bool) or not hasattr(qbs, "__index__"):
             raise TypeError(f"quant_block_size: expected an int, got {type(qbs).__name__}")
-        qbs = operator.index(qbs)
+        try:
+            qbs = operator.index(qbs)
+        except TypeError:  # e.g. a float tensor: torch's own message would not name the argument
+            what = f"a {qbs.dtype} tensor" if isinstance(qbs, Tensor) else type(qbs).__name__
+            raise TypeError(f"quant_block_size: expected an int, got {what}") from None
     try:
         ue8m0 = _SCALE_FMTS[scale_fmt]
     except (KeyError, TypeError):
@@ -134,10 +138,17 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
         v.aligned("kv_cache", "data pointer", kv_ptr)
         v.aligned("kv_cache", "stride(0)", block_stride)
         v.aligned("k", "data pointer", k_ptr, esize)
+    slot_ptr = slot_mapping.data_ptr()
+    if num_tokens:  # the kernel writes kv_cache while it reads k and slot_mapping
+        kv_end = kv_ptr + (num_blocks - 1) * block_stride + block_size * cache_stride if num_blocks else kv_ptr
+        k_end = k_ptr + (num_tokens - 1) * k_row_bytes + head_dim * esize
+        sm_end = slot_ptr + 8 * ((num_tokens - 1) * slot_mapping.stride(0) + 1)
+        if (k_ptr < kv_end and kv_ptr < k_end) or (slot_ptr < kv_end and kv_ptr < sm_end):
+            v.disjoint({"kv_cache": (kv_ptr, kv_end)}, {"k": (k_ptr, k_end), "slot_mapping": (slot_ptr, sm_end)})
     vec = _vector_width(k_ptr | (k_row_bytes if num_tokens > 1 else 0), esize, head_dim, qbs)
     tpp = THREADS_PER_BLOCK // (head_dim * esize // vec) if vec else 0
     return QuantPlan(device, num_tokens, head_dim, qbs, num_blocks, block_size, num_blocks * block_size,
-                     block_stride, k_row_bytes, ue8m0, vec, tpp, k_ptr, slot_mapping.data_ptr(), kv_ptr)
+                     block_stride, k_row_bytes, ue8m0, vec, tpp, k_ptr, slot_ptr, kv_ptr)
 
 
 # (k dtype, vector width) -> entry point of cuda_src/quant_cache.cu

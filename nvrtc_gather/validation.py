@@ -61,3 +61,15 @@ def same_device(named: dict[str, torch.Tensor]) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{first_name}: tensors on {dev.type} are not supported (use cpu or cuda)")
     return dev
+
+
+def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int]]) -> None:
+    """Raise ValueError naming both arguments if a written byte range [start, end) overlaps a
+    read one: on a GPU that is a race between the kernel's own loads and stores. Ranges are
+    the tensors' address spans, so a strided view counts with its gaps."""
+    for w, (w_lo, w_hi) in written.items():
+        for r, (r_lo, r_hi) in read.items():
+            if w_lo < r_hi and r_lo < w_hi:
+                raise ValueError(
+                    f"{w}: its memory overlaps {r} (bytes [{w_lo:#x}, {w_hi:#x}) and [{r_lo:#x}, {r_hi:#x})); "
+                    f"the op reads {r} while it writes {w}, so they must not share storage")

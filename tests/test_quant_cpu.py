@@ -308,6 +308,16 @@ CASES = [
     ("quant_block_size", lambda a: 0, ValueError, "quant_block_size: must be a positive divisor of head_dim=128"),
     ("quant_block_size", lambda a: 48, ValueError, "quant_block_size: must be a positive divisor"),
     ("quant_block_size", lambda a: 256, ValueError, "quant_block_size: must be a positive divisor"),
+    ("quant_block_size", lambda a: torch.tensor(128.0), TypeError,
+     "quant_block_size: expected an int, got a torch.float32 tensor"),
+    ("quant_block_size", lambda a: torch.tensor([128, 128]), TypeError, "quant_block_size: expected an int"),
+    # k or slot_mapping in memory the op writes: a race on a GPU.
+    ("k", lambda a: a["kv_cache"].view(-1)[: 8 * 256].view(torch.bfloat16).view(8, 128), ValueError,
+     "kv_cache: its memory overlaps k"),
+    ("k", lambda a: a["kv_cache"].view(-1)[-512:-256].view(torch.bfloat16).as_strided((8, 128), (0, 1)), ValueError,
+     "kv_cache: its memory overlaps k"),
+    ("slot_mapping", lambda a: a["kv_cache"].view(-1)[1024: 1024 + 48].view(torch.int64), ValueError,
+     "kv_cache: its memory overlaps slot_mapping"),
     ("scale_fmt", lambda a: "UE8M0", ValueError, "scale_fmt: expected \"ue8m0\""),
     ("scale_fmt", lambda a: 1, TypeError, "scale_fmt: expected a str"),
     ("scale_fmt", lambda a: ["ue8m0"], TypeError, "scale_fmt: expected a str"),
@@ -324,3 +334,28 @@ def test_bad_argument_raises_naming_it_and_writes_nothing(name, make, exc, match
         call(a)
     if before is not None:
         assert torch.equal(kv, before)
+
+
+def test_int_like_quant_block_size_is_accepted():
+    for qbs in (torch.tensor(128), torch.tensor([128])[0]):
+        a = good()
+        a["quant_block_size"] = qbs
+        call(a)
+
+
+def test_disjoint_views_of_one_buffer_are_accepted():
+    """The overlap check compares address ranges: k, slot_mapping and the cache may be
+    views into one buffer as long as they do not overlap."""
+    a = good()
+    b = {n: x.clone() if isinstance(x, torch.Tensor) else x for n, x in a.items()}
+    kv_bytes, k_bytes = 4 * 16 * 132, 8 * 256
+    buf = torch.zeros(kv_bytes + k_bytes + 48, dtype=torch.uint8)
+    buf[:kv_bytes] = a["kv_cache"].view(-1)
+    buf[kv_bytes: kv_bytes + k_bytes] = a["k"].view(torch.uint8).view(-1)
+    buf[kv_bytes + k_bytes:] = a["slot_mapping"].view(torch.uint8)
+    a["kv_cache"] = buf[:kv_bytes].view(4, 16, 132)
+    a["k"] = buf[kv_bytes: kv_bytes + k_bytes].view(torch.bfloat16).view(8, 128)
+    a["slot_mapping"] = buf[kv_bytes + k_bytes:].view(torch.int64)
+    call(a)
+    call(b)
+    assert torch.equal(a["kv_cache"], b["kv_cache"])

@@ -63,6 +63,19 @@ CASES = [
      "cu_seq_lens: the last dimension"),
     ("cu_seq_lens", lambda a: a["cu_seq_lens"].to("meta"), ValueError, "cu_seq_lens: expected a tensor on cpu"),
     ("dst_k", lambda a: a["dst_k"].to("meta"), ValueError, "dst_k: expected a tensor on cpu"),
+    # Written memory shared with memory the op reads: a race on a GPU.
+    ("dst_k", lambda a: a["kv_cache"].view(-1)[: 40 * 128].view(40, 128), ValueError,
+     "dst_k: its memory overlaps kv_cache"),
+    ("dst_k", lambda a: a["kv_cache"].view(-1)[1000: 1000 + 40 * 128].view(40, 128).view(FP8), ValueError,
+     "dst_k: its memory overlaps kv_cache"),
+    ("dst_scale", lambda a: a["kv_cache"].view(-1)[-164:-4].view(40, 4), ValueError,
+     "dst_scale: its memory overlaps kv_cache"),
+    ("dst_scale", lambda a: a["kv_cache"].view(-1)[:160].view(torch.float32).view(40, 1), ValueError,
+     "dst_scale: its memory overlaps kv_cache"),
+    ("block_table", lambda a: a["dst_k"].view(torch.uint8).view(-1)[:16].view(torch.int32).view(2, 2), ValueError,
+     "dst_k: its memory overlaps block_table"),
+    ("cu_seq_lens", lambda a: a["dst_scale"].view(-1)[8:20].view(torch.int32), ValueError,
+     "dst_scale: its memory overlaps cu_seq_lens"),
 ]
 
 
@@ -98,3 +111,41 @@ def ng_ref_scales(a):
     from reference import gather_reference
     _, s = gather_reference(a["kv_cache"], a["block_table"], a["cu_seq_lens"], 40, 128, 1)
     return s
+
+
+def test_disjoint_views_of_one_buffer_are_accepted():
+    """The overlap check compares address ranges, not storages: the cache, the outputs and
+    the index tensors may all be views into one buffer as long as they do not overlap."""
+    a = good()
+    kv_bytes, k_bytes, s_bytes = 4 * 16 * 132, 40 * 128, 40 * 4
+    buf = torch.full((kv_bytes + k_bytes + s_bytes + 16 + 12,), SENTINEL, dtype=torch.uint8)
+    buf[:kv_bytes] = a["kv_cache"].view(-1)
+    kv = buf[:kv_bytes].view(4, 16, 132)
+    dst_k = buf[kv_bytes: kv_bytes + k_bytes].view(40, 128)
+    dst_scale = buf[kv_bytes + k_bytes: kv_bytes + k_bytes + s_bytes].view(40, 4)
+    idx = buf[kv_bytes + k_bytes + s_bytes:].view(torch.int32)
+    idx[:4] = a["block_table"].view(-1)
+    idx[4:] = a["cu_seq_lens"]
+    ng.cp_gather_indexer_k_quant_cache(kv, dst_k, dst_scale, idx[:4].view(2, 2), idx[4:])
+    from reference import gather_reference
+    k_ref, s_ref = gather_reference(a["kv_cache"], a["block_table"], a["cu_seq_lens"], 40, 128, 1)
+    assert torch.equal(dst_k, k_ref) and torch.equal(dst_scale, s_ref)
+
+
+@pytest.mark.parametrize("row_stride,col_stride", [(1, 2), (1, 0), (3, 1)])
+def test_float32_scale_column_of_any_inner_stride(row_stride, col_stride):
+    """A float32 dst_scale [N, 1]: the stride of its one column is meaningless, so every
+    value is accepted and the rows are written; nothing may fail after dst_k is written."""
+    a = good()
+    storage = torch.full((40 * max(row_stride, col_stride) + 8,), float("nan"))
+    a["dst_scale"] = storage.as_strided((40, 1), (row_stride, col_stride))
+    call(a)
+    k_ref, s_ref = ng_ref(a)
+    assert torch.equal(a["dst_k"].view(torch.uint8), k_ref)
+    assert torch.equal(a["dst_scale"][:30, 0].clone(memory_format=torch.contiguous_format).view(torch.uint8).view(30, 4), s_ref[:30])
+    assert bool(a["dst_scale"][30:].isnan().all())
+
+
+def ng_ref(a):
+    from reference import gather_reference
+    return gather_reference(a["kv_cache"], a["block_table"], a["cu_seq_lens"], 40, 128, 1)
