@@ -25,8 +25,10 @@ _I64 = torch.int64
 _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _is_compiling = torch.compiler.is_compiling
 
-# scale_fmt -> ue8m0. "" and None are what engines pass for plain fp32 scales.
-_SCALE_FMTS = {"ue8m0": True, "fp8_e4m3": False, "": False, None: False}
+# scale_fmt -> ue8m0. Plain fp32 scales are spelled "fp8_e4m3", "fp8e4m3" (vllm-xpu-kernels'
+# tests), "" or None (what engines pass); anything else is a typo and rejected. vLLM's own op
+# treats every value but "ue8m0" as plain: its adapter (integrations/vllm.py) does the same.
+SCALE_FMTS = {"ue8m0": True, "fp8_e4m3": False, "fp8e4m3": False, "": False, None: False}
 
 # Mirrors struct QuantParams in cuda_src/quant_params.cuh (4 pointers, 3 int64, 6 int32).
 PARAMS = struct.Struct("<4Q3q6i")
@@ -88,13 +90,13 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
             what = f"a {qbs.dtype} tensor" if isinstance(qbs, Tensor) else type(qbs).__name__
             raise TypeError(f"quant_block_size: expected an int, got {what}") from None
     try:
-        ue8m0 = _SCALE_FMTS[scale_fmt]
+        ue8m0 = SCALE_FMTS[scale_fmt]
     except (KeyError, TypeError):
         if not isinstance(scale_fmt, str):
             raise TypeError(f"scale_fmt: expected a str (\"ue8m0\" or \"fp8_e4m3\"), got "
                             f"{type(scale_fmt).__name__}") from None
         raise ValueError(f"scale_fmt: expected \"ue8m0\" (power-of-two scales) or \"fp8_e4m3\" "
-                         f"(plain fp32 scales; \"\" means the same), got {scale_fmt!r}") from None
+                         f"(plain fp32 scales; \"fp8e4m3\", \"\" and None mean the same), got {scale_fmt!r}") from None
 
     k_shape, kv_shape, sm_shape = k.shape, kv_cache.shape, slot_mapping.shape
     if len(k_shape) != 2:
@@ -178,8 +180,8 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     Row ``i < len(slot_mapping)`` of ``k`` goes to slot ``s = slot_mapping[i]``: cache block
     ``s // block_size``, row ``s % block_size``; ``s < 0`` is padding and skipped. Each quant
     block of ``quant_block_size`` elements gets an fp32 scale ``max(amax, 1e-4) / 448``
-    (rounded up to a power of two when ``scale_fmt == "ue8m0"``; ``"fp8_e4m3"``, ``""`` or
-    None keep it plain) and its values are stored as fp8-e4m3 of ``k / scale``.
+    (rounded up to a power of two when ``scale_fmt == "ue8m0"``; ``"fp8_e4m3"``,
+    ``"fp8e4m3"``, ``""`` or None keep it plain) and its values are stored as fp8-e4m3 of ``k / scale``.
 
     CUDA tensors: one kernel launch on the current stream, no host sync, no allocation;
     slots past the cache are skipped (set NVRTC_GATHER_DEBUG=1 to have them reported). CPU

@@ -199,12 +199,12 @@ def test_nothing_to_write_is_a_no_op(slots):
 
 
 def test_scale_fmt_aliases_and_fp8_cache_dtype():
-    """"" and None mean plain scales like "fp8_e4m3"; a float8_e4m3fn cache is written the same."""
+    """"fp8e4m3", "" and None mean plain scales like "fp8_e4m3"; a float8_e4m3fn cache is written the same."""
     rng = random.Random(9)
     case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=torch.bfloat16,
                            scale_fmt="fp8_e4m3", num_tokens=20)
     want = quant_reference(case.k, case.kv_cache, case.slot_mapping, 128, "fp8_e4m3")
-    for fmt in ("", None):
+    for fmt in ("fp8e4m3", "", None):
         kv = case.kv_cache.clone().view(FP8)
         ng.indexer_k_quant_and_cache(case.k, kv, case.slot_mapping, np.int64(128), fmt)
         assert torch.equal(kv.view(torch.uint8), want)
@@ -319,6 +319,8 @@ CASES = [
     ("slot_mapping", lambda a: a["kv_cache"].view(-1)[1024: 1024 + 48].view(torch.int64), ValueError,
      "kv_cache: its memory overlaps slot_mapping"),
     ("scale_fmt", lambda a: "UE8M0", ValueError, "scale_fmt: expected \"ue8m0\""),
+    ("scale_fmt", lambda a: "other", ValueError, "scale_fmt: expected \"ue8m0\""),
+    ("scale_fmt", lambda a: "fp8", ValueError, "scale_fmt: expected \"ue8m0\""),
     ("scale_fmt", lambda a: 1, TypeError, "scale_fmt: expected a str"),
     ("scale_fmt", lambda a: ["ue8m0"], TypeError, "scale_fmt: expected a str"),
 ]
