@@ -6,7 +6,8 @@ Public API:
     preload(device=None)   compile/load every kernel now (e.g. before CUDA-graph capture)
 """
 from ._version import __version__
-from .errors import CaptureError, CompileError, CudaError, MissingDependencyError, NvrtcGatherError
+from .errors import (CaptureError, CompileError, CudaError, JitDisabledError, MissingDependencyError,
+                     NvrtcGatherError)
 from .gather import cp_gather_indexer_k_quant_cache
 from .quant_cache import indexer_k_quant_and_cache
 from .registry import preload
@@ -23,4 +24,5 @@ __all__ = [
     "CompileError",
     "CudaError",
     "CaptureError",
+    "JitDisabledError",
 ]

@@ -31,3 +31,8 @@ class CudaError(NvrtcGatherError):
 
 class CaptureError(NvrtcGatherError):
     """A kernel would have to be compiled or loaded while a CUDA graph is being captured."""
+
+
+class JitDisabledError(NvrtcGatherError):
+    """NVRTC_GATHER_DISABLE_JIT is set and a kernel is not in the disk cache; the message names
+    the warmup command that puts it there."""

@@ -8,14 +8,18 @@ disk cache), load, and keep in memory. The one path every kernel goes through.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from . import cache as cache_mod
-from . import compiler, driver, sources
+from . import compiler, driver, settings, sources
 from ._version import __version__
-from .errors import CaptureError, CudaError
+from .errors import CaptureError, CudaError, JitDisabledError
 from .kernels import KernelModule
+
+log = logging.getLogger(__name__)
 
 # Counters for tests and the CLI: how often NVRTC ran, how often the disk served.
 stats = {"compiles": 0, "disk_hits": 0, "loads": 0}
@@ -64,34 +68,52 @@ class BuildResult:
 
 
 def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None = None,
-                use_default_cache: bool = True) -> BuildResult:
+                use_default_cache: bool = True, compile_ok: bool | None = None) -> BuildResult:
     """GPU code for ``module`` on ``target``: a verified disk entry, or a fresh compile that
     is then published. Raises CompileError / MissingDependencyError; never returns a bad image.
     A bad, foreign or unreadable entry is a miss; an unusable disk means compile-only (the
-    cache warns once). Thread- and process-safe; the per-entry lock only saves compiles."""
+    cache warns once). Thread- and process-safe; the per-entry lock only saves compiles.
+    ``compile_ok`` (default: unless NVRTC_GATHER_DISABLE_JIT is set) False makes a miss raise
+    JitDisabledError instead of compiling."""
     key = cache_key(module, target)
     if disk is None and use_default_cache:
         disk = cache_mod.current()
     name = entry_name(module, target)
     if disk is not None:
-        image = disk.get(name, key)
+        image = _from_disk(disk, name, key)
         if image is not None:
-            _count("disk_hits")
             return BuildResult(image, key, True)
         with disk.lock(name, key):
-            image = disk.get(name, key)  # another process may have published it meanwhile
+            image = _from_disk(disk, name, key)  # another process may have published it meanwhile
             if image is not None:
-                _count("disk_hits")
                 return BuildResult(image, key, True)
-            image = _compile(module, target)
+            image = _compile(module, target, disk, compile_ok)
             disk.put(name, key, image)
             return BuildResult(image, key, False)
-    return BuildResult(_compile(module, target), key, False)
+    return BuildResult(_compile(module, target, None, compile_ok), key, False)
 
 
-def _compile(module: KernelModule, target: compiler.Target) -> bytes:
+def _from_disk(disk: cache_mod.DiskCache, name: str, key: str) -> bytes | None:
+    image = disk.get(name, key)
+    if image is not None:
+        _count("disk_hits")
+        log.debug("%s: read from the kernel cache %s", name, disk.directory)
+    return image
+
+
+def _compile(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None,
+             compile_ok: bool | None = None) -> bytes:
+    if not (compile_ok if compile_ok is not None else not settings.jit_disabled()):
+        where = disk.directory if disk is not None else settings.cache_dir()
+        raise JitDisabledError(
+            f"{settings.DISABLE_JIT_ENV} is set and the {module.name} kernels for {target.arch} are not in the "
+            f"kernel cache at {where}; warm it first: nvrtc-gather warmup --arch {target.arch} --cache-dir {where}")
     _count("compiles")
-    return compiler.compile_module(module, target).image
+    t0 = time.perf_counter()
+    image = compiler.compile_module(module, target).image
+    log.info("compiled %s for %s in %.0f ms (%s)", module.name, target.arch, (time.perf_counter() - t0) * 1e3,
+             f"cached in {disk.directory}" if disk is not None else "disk cache off: kept in memory")
+    return image
 
 
 def _load(module: KernelModule, target: compiler.Target, device: int, image: bytes | None) -> dict[str, int]:
@@ -103,6 +125,7 @@ def _load(module: KernelModule, target: compiler.Target, device: int, image: byt
     if fresh:
         lib = driver.load_library(image)
         _count("loads")
+        log.debug("%s-%s: loaded (%d bytes)", module.name, target.arch, len(image))
     try:
         fns = driver.in_primary_context(device, lambda: {name: driver.get_function(lib, name)
                                                           for name in module.kernels})
@@ -130,7 +153,7 @@ def _build_and_load(module: KernelModule, target: compiler.Target, device: int,
     name = entry_name(module, target)
     if disk is not None:
         disk.discard(name, built.key)
-    image = _compile(module, target)
+    image = _compile(module, target, disk)
     if disk is not None:
         disk.put(name, built.key, image)
     return _load(module, target, device, image)
@@ -145,9 +168,8 @@ def _cached_exact(module: KernelModule, capability: int) -> tuple[compiler.Targe
     disk = cache_mod.current()
     if disk is not None:
         key = cache_key(module, exact)
-        image = disk.get(entry_name(module, exact), key)
+        image = _from_disk(disk, entry_name(module, exact), key)
         if image is not None:
-            _count("disk_hits")
             return exact, BuildResult(image, key, True)
     return compiler.pick_target(capability), None
 

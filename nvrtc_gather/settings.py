@@ -8,6 +8,7 @@ from pathlib import Path
 CACHE_DIR_ENV = "NVRTC_GATHER_CACHE_DIR"
 DISABLE_CACHE_ENV = "NVRTC_GATHER_DISABLE_CACHE"
 DEBUG_ENV = "NVRTC_GATHER_DEBUG"
+DISABLE_JIT_ENV = "NVRTC_GATHER_DISABLE_JIT"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -39,3 +40,9 @@ def debug_enabled() -> bool:
     This synchronises with the device after each call; for debugging only.
     Read on every op call, so it is kept to one dictionary lookup when unset."""
     return bool(os.environ.get(DEBUG_ENV)) and _flag(DEBUG_ENV)
+
+
+def jit_disabled() -> bool:
+    """NVRTC_GATHER_DISABLE_JIT=1: never compile in this process (a serving process whose cache
+    was warmed); a kernel missing from the cache raises JitDisabledError instead."""
+    return _flag(DISABLE_JIT_ENV)
