@@ -41,14 +41,27 @@ COMMANDS = {
 }
 
 
+def _usage(out) -> None:
+    width = max(map(len, [*COMMANDS, "--version"]))
+    out.write("usage: nvrtc-gather COMMAND [ARGS]   (nvrtc-gather COMMAND --help for its options)\n\ncommands:\n")
+    for name, (_, doc) in COMMANDS.items():
+        out.write(f"  {name:<{width}}  {doc}\n")
+    out.write(f"  {'--version':<{width}}  print the version\n")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        width = max(map(len, COMMANDS))
-        print("usage: nvrtc-gather COMMAND [ARGS]\n\ncommands:")
-        for name, (_, doc) in COMMANDS.items():
-            print(f"  {name:<{width}}  {doc}")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] == "--version":
+        from ._version import __version__
+        print(f"nvrtc-gather {__version__}")
+        return 0
+    if not argv or argv[0] in ("-h", "--help"):
+        _usage(sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        sys.stderr.write(f"nvrtc-gather: unknown command {argv[0]!r}\n")
+        _usage(sys.stderr)
+        return 2
     fn, _ = COMMANDS[argv[0]]
     return int(fn(argv[1:]) or 0)
 

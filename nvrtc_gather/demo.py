@@ -16,6 +16,7 @@ from ._version import __version__
 from .errors import MissingDependencyError
 from .gather import cp_gather_indexer_k_quant_cache
 from .quant_cache import indexer_k_quant_and_cache
+from .warmup import parse_arch, positive_int
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 CACHE_STRIDE = HEAD_DIM + 4 * HEAD_DIM // QBS
@@ -89,10 +90,16 @@ def _gbps(tokens: int, seconds: float) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="nvrtc-gather demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--mean-len", type=int, default=2048)
-    ap.add_argument("--arch", default="sm_90", help="arch to compile for when no GPU is present")
+    ap.add_argument("--batch", type=positive_int, default=64, help="requests (default 64)")
+    ap.add_argument("--mean-len", type=positive_int, default=2048, help="mean tokens per request (default 2048)")
+    ap.add_argument("--arch", default="sm_90", help="arch to compile for when no GPU is present (default sm_90)")
     args = ap.parse_args(argv)
+    try:
+        target = parse_arch(args.arch)
+    except ValueError as exc:
+        ap.error(f"--arch: {exc}")
+    except MissingDependencyError:  # no NVRTC: said below, and the demo goes on without it
+        target = None
     print(f"nvrtc_gather {__version__}, torch {torch.__version__}")
 
     try:
@@ -103,8 +110,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.is_available()
     if nvrtc and not gpu:
         t0 = time.perf_counter()
-        code = compiler.compile_module(kernels.GATHER, compiler.Target(args.arch))
-        print(f"NVRTC {nvrtc}: compiled the gather kernel for {args.arch} without a GPU "
+        code = compiler.compile_module(kernels.GATHER, target)
+        print(f"NVRTC {nvrtc}: compiled the gather kernel for {target.arch} without a GPU "
               f"({len(code.image)} bytes of cubin in {(time.perf_counter() - t0) * 1e3:.0f} ms)")
 
     device = "cuda" if gpu else "cpu"

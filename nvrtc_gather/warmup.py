@@ -101,14 +101,36 @@ def warm(targets, disk: cache_mod.DiskCache, modules=None, jobs: int | None = No
     return [rows[i] for i in range(len(tasks))]
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def torch_arch_list() -> list[str]:
+    """The archs of $TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX", "8.0 9.0a"), the variable torch's own
+    extension builds read; "+PTX" is dropped (a GPU arch is warmed as that GPU loads it)."""
+    text = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    return [a.strip().removesuffix("+PTX").removesuffix("+ptx") for a in re.split(r"[;\s,]+", text) if a.strip()]
+
+
 def _targets(args, out) -> list[compiler.Target] | None:
-    """The targets asked for, deduplicated in order; None (after a message) if none."""
+    """The targets asked for (--all, --arch, else $TORCH_CUDA_ARCH_LIST, else the GPUs present),
+    deduplicated in order; None (after a message) if none."""
     if args.all:
         return [compiler.Target(f"sm_{a}") for a in compiler.supported_archs()]
-    if args.arch:
+    archs = args.arch or torch_arch_list()
+    if archs:
+        if not args.arch:
+            out.write(f"archs from TORCH_CUDA_ARCH_LIST: {' '.join(archs)}\n")
         supported = compiler.supported_archs()
         targets = []
-        for text in args.arch:
+        for text in archs:
             t = parse_arch(text, supported)
             if re.sub(r"\D", "", t.arch) != re.sub(r"\D", "", text):  # remapped, not just respelled
                 out.write(f"note: {text} -> {t.arch} (what a GPU of that arch loads with NVRTC "
@@ -133,7 +155,7 @@ def main(argv=None) -> int:
     which.add_argument("--arch", nargs="+", metavar="ARCH", help="archs to compile for: sm_90, 90, 9.0, compute_90 ...")
     which.add_argument("--all", action="store_true", help="every arch this NVRTC can compile for")
     p.add_argument("--cache-dir", type=Path, help=f"cache directory (default: ${settings.CACHE_DIR_ENV} or the per-user cache)")
-    p.add_argument("-j", "--jobs", type=int, help="parallel compiles (default: CPU count)")
+    p.add_argument("-j", "--jobs", type=positive_int, help="parallel compiles (default: CPU count)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
 
