@@ -3,6 +3,8 @@
 #   TORCH_SPEC  the torch to install (default torch==2.13.0; on a GPU machine use your
 #               CUDA build, e.g. TORCH_SPEC=torch, or an index URL via PIP_EXTRA_INDEX_URL)
 #   VENV        where to put the environment (default .venv)
+#   CUDA_EXTRA  cu12 or cu13: the NVRTC / cuda-bindings major (default: the CUDA major of the
+#               installed torch, cu13 for a CPU build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -12,5 +14,6 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 # torch first and pinned, so the package's "torch>=2.4" is already met and never pulls a
 # multi-GB CUDA build onto a machine without a GPU.
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+CUDA_EXTRA=${CUDA_EXTRA:-$("$VENV/bin/python" -c 'import torch; v = torch.version.cuda; print("cu12" if v and v.startswith("12.") else "cu13")')}
+"$VENV/bin/python" -m pip install -q -e ".[test,$CUDA_EXTRA]"
 echo "installed into $VENV: $("$VENV/bin/python" -c 'import torch, nvrtc_gather; print("nvrtc_gather", nvrtc_gather.__version__, "torch", torch.__version__)')"
