@@ -8,12 +8,21 @@ Guarantees (none depends on the lock):
   key it was stored under, payload length, SHA-256 of the payload) and any failure is a
   miss: the caller recompiles and replaces;
 - only GPU code (cubin/PTX) is stored and read back, never host code;
+- an entry file over ``MAX_ENTRY_BYTES`` is refused from its fstat size, before any
+  read, and no read takes more than ``MAX_ENTRY_BYTES + 1`` bytes (a file that grows);
 - the directory is 0700 and entries 0600; a directory we do not own, or one that others
   may write to (without the sticky bit), is not used: kernels stay in memory, with one
   warning. So does a read-only or full disk. (A group-writable directory is used: an
   entry someone else wrote is owned by them, and is refused.)
+- the cache owns only the names it writes (``name_kind``): entries
+  ``{module}-{arch}-{64 hex}.bin``, their locks ``<entry>.lock`` and publish temps
+  ``.<entry>.XXXXXXXX.tmp``. Nothing else in the directory (another program's files,
+  subdirectories) is ever read, replaced or removed: ``clear`` / ``verify --fix`` list
+  it as foreign and leave it alone.
 The lock (flock on ``<entry>.lock``) only stops concurrent processes compiling the same
-entry twice; a lock that cannot be taken in ``LOCK_TIMEOUT_S`` is skipped.
+entry twice; a lock that cannot be taken in ``LOCK_TIMEOUT_S`` is skipped. Lock files stay
+beside their entries (removing one that another process waits on would break the mutual
+exclusion), and go with them in ``clear`` and ``verify --fix``.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -40,7 +50,12 @@ _HEADER = struct.Struct("<12sI32sQ32s")  # magic, schema, key digest, payload le
 SUFFIX = ".bin"
 LOCK_SUFFIX = ".lock"
 TMP_SUFFIX = ".tmp"
-MAX_ENTRY_BYTES = 1 << 30       # far above any kernel image; stops us slurping a huge or endless file
+# Largest file read as an entry. Real entries (measured with NVRTC 13.5, every supported sm_XY
+# and compute_90/compute_121): the ops' modules (kernels.ALL_MODULES) 0.53-1.25 MB at
+# sm_90/sm_100/sm_120; the largest of any module, a benchmark variant (quant_cache_u8,
+# sm_75), 3.5 MB. 16 MiB leaves 4-12x headroom and bounds what a bad file costs a lookup.
+MAX_ENTRY_BYTES = 16 << 20
+_READ_CHUNK = 1 << 20
 STALE_TMP_S = 15 * 60           # a temp file this old belongs to a writer that died (a write takes ms)
 LOCK_TIMEOUT_S = 60.0           # then compile anyway: a stuck holder must not hang everyone
 
@@ -100,13 +115,36 @@ def parse_entry_name(filename: str) -> tuple[str, str, str] | None:
     return module, arch, key
 
 
+# _publish's temp names: mkstemp(prefix=".<entry>.", suffix=".tmp") adds 8 characters of
+# [a-z0-9_] (tempfile._RandomNameSequence).
+_TEMP_NAME = re.compile(r"\.(?P<entry>.+)\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX), re.ASCII)
+
+ENTRY, LOCK, TEMP = "entry", "lock", "temp"
+
+
+def name_kind(filename: str) -> str | None:
+    """ENTRY, LOCK or TEMP for the names this cache writes (an entry name as
+    ``parse_entry_name``, that + ``.lock``, ``.<entry name>.XXXXXXXX.tmp``); None for
+    any other name, which the cache never touches."""
+    if parse_entry_name(filename) is not None:
+        return ENTRY
+    if filename.endswith(LOCK_SUFFIX) and parse_entry_name(filename[: -len(LOCK_SUFFIX)]) is not None:
+        return LOCK
+    m = _TEMP_NAME.fullmatch(filename)
+    if m is not None and parse_entry_name(m.group("entry")) is not None:
+        return TEMP
+    return None
+
+
 def _is_temp_name(filename: str) -> bool:
-    return filename.startswith(".") and filename.endswith(TMP_SUFFIX) and SUFFIX + "." in filename
+    return name_kind(filename) == TEMP
 
 
 def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
     """(bytes, None), or (None, why not). Never raises. Does not follow a symlink, opens a
-    FIFO without blocking, refuses anything but a regular file of ours of sane size."""
+    FIFO without blocking, refuses anything but a regular file of ours of at most
+    ``MAX_ENTRY_BYTES`` (judged by fstat before reading, and again while reading in
+    bounded chunks, never more than ``MAX_ENTRY_BYTES + 1`` bytes, if it grows)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -120,35 +158,64 @@ def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
         if st.st_uid != os.geteuid():
             return None, f"owned by uid {st.st_uid}, not by this user"
         if st.st_size > MAX_ENTRY_BYTES:
-            return None, f"too large ({st.st_size} bytes)"
-        chunks, left = [], MAX_ENTRY_BYTES + 1
-        while left > 0:  # read to EOF: the size may change under us, the checksum decides
-            chunk = os.read(fd, min(left, 1 << 20))
+            return None, _too_large(st.st_size)
+        buf = bytearray()
+        while len(buf) <= MAX_ENTRY_BYTES:  # read to EOF: the size may change under us, the checksum decides
+            chunk = os.read(fd, min(MAX_ENTRY_BYTES + 1 - len(buf), _READ_CHUNK))
             if not chunk:
                 break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks), None
+            buf += chunk
+        if len(buf) > MAX_ENTRY_BYTES:
+            return None, _too_large(None)
+        return bytes(buf), None
     except OSError as exc:
         return None, exc.strerror or str(exc)
     finally:
         os.close(fd)
 
 
+def _too_large(size: int | None) -> str:
+    what = f"{size} bytes" if size is not None else "it grew while being read"
+    return f"too large ({what}; an entry is at most {MAX_ENTRY_BYTES} bytes)"
+
+
 @dataclass(frozen=True)
 class EntryInfo:
-    """One ``*.bin`` file of the cache directory, as ``cache list`` / ``verify`` show it."""
+    """One file named like an entry, as ``cache list`` / ``verify`` show it."""
 
     path: Path
     size: int
-    module: str | None     # None when the file name is not an entry name
-    arch: str | None
-    key: str | None
+    module: str
+    arch: str
+    key: str
     problem: str | None    # None when the entry is intact
 
     @property
     def valid(self) -> bool:
         return self.problem is None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The cache directory's names by kind (each sorted): what the cache wrote, and the rest."""
+
+    entries: list[str]
+    locks: list[str]
+    temps: list[str]
+    foreign: list[str]     # not the cache's names, or a subdirectory: never touched
+
+    @property
+    def orphan_locks(self) -> list[str]:
+        have = set(self.entries)
+        return [n for n in self.locks if n[: -len(LOCK_SUFFIX)] not in have]
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What ``clear`` / ``remove_entries`` did: names removed, (name, reason) not removed."""
+
+    removed: list[str]
+    failed: list[tuple[str, str]]
 
 
 class DiskCache:
@@ -303,51 +370,89 @@ class DiskCache:
                 os.close(fd)
 
     # -- maintenance (CLI) ---------------------------------------------------------
-    def entries(self) -> list[EntryInfo]:
-        """Every ``*.bin`` file, each fully verified against the key in its name. Never
-        raises; creates nothing."""
-        out = []
+    def listing(self) -> Listing:
+        """Sort the directory's names into entries, locks, temps and foreign names (a
+        subdirectory is foreign whatever its name: the cache never makes one). Raises
+        OSError when the directory cannot be read (FileNotFoundError when missing)."""
+        kinds: dict[str | None, list[str]] = {ENTRY: [], LOCK: [], TEMP: [], None: []}
+        with os.scandir(self.directory) as it:
+            for e in it:
+                kind = name_kind(e.name)
+                try:
+                    if kind is not None and e.is_dir(follow_symlinks=False):
+                        kind = None
+                except OSError:
+                    pass
+                kinds[kind].append(e.name)
+        return Listing(*(sorted(kinds[k]) for k in (ENTRY, LOCK, TEMP, None)))
+
+    def _listing_or_empty(self) -> Listing:
         try:
-            names = sorted(os.listdir(self.directory))
+            return self.listing()
         except OSError:
-            return out
-        for fname in names:
-            if not fname.endswith(SUFFIX) or fname.startswith("."):
-                continue
+            return Listing([], [], [], [])
+
+    def entries(self) -> list[EntryInfo]:
+        """Every file named like an entry, each fully verified against the key in its
+        name (other files are ``foreign()``). Never raises; creates nothing."""
+        out = []
+        for fname in self._listing_or_empty().entries:
             path = self.directory / fname
-            parsed = parse_entry_name(fname)
+            module, arch, key = parse_entry_name(fname)
             blob, problem = read_entry_file(path)
-            if problem is None and parsed is None:
-                problem = "not an entry name (module-arch-key.bin)"
             if problem is None:
-                problem = entry_problem(parsed[2], blob)
-            module, arch, key = parsed or (None, None, None)
-            out.append(EntryInfo(path, len(blob) if blob is not None else 0, module, arch, key, problem))
+                problem = entry_problem(key, blob)
+            try:
+                size = len(blob) if blob is not None else os.lstat(path).st_size
+            except OSError:
+                size = 0
+            out.append(EntryInfo(path, size, module, arch, key, problem))
         return out
 
     def temp_files(self) -> list[Path]:
         """Leftover temp files (a writer still writing, or one that died)."""
-        try:
-            return [self.directory / n for n in sorted(os.listdir(self.directory)) if _is_temp_name(n)]
-        except OSError:
-            return []
+        return [self.directory / n for n in self._listing_or_empty().temps]
 
-    def clear(self) -> int:
-        """Remove every entry, lock and leftover temp file; returns how many files went.
-        Leaves the directory and anything else in it alone."""
-        n = 0
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return n
+    def foreign(self) -> list[Path]:
+        """What else is in the directory (not the cache's names): never read or removed."""
+        return [self.directory / n for n in self._listing_or_empty().foreign]
+
+    def orphan_locks(self) -> list[Path]:
+        """Lock files whose entry is gone (harmless; ``clear`` removes them)."""
+        return [self.directory / n for n in self._listing_or_empty().orphan_locks]
+
+    def _unlink_all(self, names: Iterable[str]) -> Removal:
+        removed, failed = [], []
         for fname in names:
-            if fname.endswith((SUFFIX, LOCK_SUFFIX)) or _is_temp_name(fname):
-                try:
-                    os.unlink(self.directory / fname)  # a symlink goes, never its target
-                    n += 1
-                except OSError:
-                    pass
-        return n
+            try:
+                os.unlink(self.directory / fname)  # a symlink goes, never its target
+                removed.append(fname)
+            except FileNotFoundError:
+                pass  # gone meanwhile (another clear, or a put's temp renamed)
+            except OSError as exc:
+                failed.append((fname, exc.strerror or str(exc)))
+        return Removal(removed, failed)
+
+    def remove_entries(self, names: Iterable[str]) -> Removal:
+        """Remove these entries (file names) and their lock files; nothing else."""
+        doomed = []
+        for fname in names:
+            if name_kind(fname) != ENTRY:
+                raise ValueError(f"not a cache entry name: {fname!r}")
+            doomed += [fname, fname + LOCK_SUFFIX]
+        return self._unlink_all(doomed)  # a missing lock file is no failure: not every entry has one
+
+    def clear(self) -> Removal:
+        """Remove every entry, lock file (orphans too) and temp file; nothing else (foreign
+        names and subdirectories stay, so does the directory). A missing directory is
+        nothing to remove; one that cannot be listed is one failure, named ``.``."""
+        try:
+            ls = self.listing()
+        except FileNotFoundError:
+            return Removal([], [])
+        except OSError as exc:
+            return Removal([], [(".", exc.strerror or str(exc))])
+        return self._unlink_all(ls.entries + ls.locks + ls.temps)
 
 
 def _flock_with_timeout(fd: int, timeout: float) -> bool:

@@ -14,6 +14,16 @@ from .kernels import KernelModule
 
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
 
+# The directory NVRTC is told the sources sit in (no such directory needs to exist).
+# -lineinfo records each file's path in the image (DWARF line table, PTX .file), and NVRTC
+# makes a relative name absolute with the process's working directory, so a plain
+# "gather_indexer_k.cu" made the bytes depend on the cwd and leaked it into the cache. A
+# fixed absolute name for the program, and a ``#line`` naming each header the same way
+# (headers are found by their bare #include name, so that name cannot change), make the
+# image a function of the cache key alone; NVRTC's messages say e.g.
+# /nvrtc_gather/cuda_src/gather_indexer_k.cu(26) for cuda_src/gather_indexer_k.cu.
+SOURCE_ROOT = "/nvrtc_gather/cuda_src"
+
 
 def _install_hint() -> str:
     """What to install, naming the nvidia-cuda-nvrtc major that the installed cuda-bindings loads."""
@@ -127,16 +137,22 @@ def module_options(module: KernelModule, target: Target) -> tuple[str, ...]:
     return BASE_OPTIONS + module.options + (f"--gpu-architecture={target.arch}",)
 
 
+def nvrtc_source_name(name: str) -> str:
+    """The path NVRTC is given for the file ``name`` of cuda_src/ (see SOURCE_ROOT)."""
+    return f"{SOURCE_ROOT}/{name}"
+
+
 def compile_module(module: KernelModule, target: Target) -> CompiledCode:
-    """Compile one kernel module. Raises CompileError with NVRTC's log on failure."""
+    """Compile one kernel module. Raises CompileError with NVRTC's log on failure. The
+    image depends only on what the cache key holds (not on the working directory)."""
     nvrtc = _nvrtc()
     src = sources.read_source(module.source).encode()
     hdrs = sources.headers()
     names = [n.encode() for n in hdrs]
-    texts = [t.encode() for t in hdrs.values()]
+    texts = [f'#line 1 "{nvrtc_source_name(n)}"\n{t}'.encode() for n, t in hdrs.items()]
     prog = _check(
         nvrtc,
-        _call(nvrtc.nvrtcCreateProgram, src, module.source.encode(), len(hdrs), texts, names),
+        _call(nvrtc.nvrtcCreateProgram, src, nvrtc_source_name(module.source).encode(), len(hdrs), texts, names),
         "nvrtcCreateProgram",
     )
     try:

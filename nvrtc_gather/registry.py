@@ -42,7 +42,7 @@ def cache_key(module: KernelModule, target: compiler.Target) -> str:
         ("schema", str(cache_mod.SCHEMA)),
         ("package", __version__),
         ("module", module.name),
-        ("source_name", module.source),
+        ("source_name", compiler.nvrtc_source_name(module.source)),  # the path -lineinfo records
         ("source", sources.read_source(module.source)),
     ]
     for name, text in sources.headers().items():

@@ -201,7 +201,7 @@ def _plant(d, ref, damage):
     elif damage == "fifo":  # must not block the reader
         os.mkfifo(path)
     elif damage == "temp_only":  # a writer died before os.replace
-        (d.directory / f".{path.name}.x1y2.tmp").write_bytes(good)
+        (d.directory / f".{path.name}.x1y2z3w4.tmp").write_bytes(good)
     return path
 
 
@@ -231,7 +231,8 @@ def test_entries_report_each_problem(tmp_path, ref):
     (d.directory / "stray.bin").write_bytes(b"x")
     by_name = {e.path.name: e for e in d.entries()}
     assert by_name[path.name].problem == "truncated" and by_name[path.name].arch == "sm_90"
-    assert by_name[path.name].module == kernels.GATHER.name and not by_name["stray.bin"].valid
+    assert by_name[path.name].module == kernels.GATHER.name
+    assert "stray.bin" not in by_name and d.foreign() == [d.directory / "stray.bin"]  # not ours: never judged
 
 
 # -- hostile or broken places: the op still works, one warning, nothing written ----------
@@ -346,3 +347,147 @@ def test_warm_target_lookup_does_not_load_nvrtc(tmp_path):
     if compiler.compiler_identity().startswith("nvrtc "):
         pytest.skip("NVRTC is not installed from the nvidia-cuda-nvrtc wheel here")
     assert out.split() == ["sm_90", "0"]
+
+
+# -- entry size: a huge file under an entry's name costs a lookup nothing ------------------
+
+def test_entry_cap_is_fitted_to_real_entries():
+    """The cap is a few MiB: far above the largest real entry, far below what hurts."""
+    biggest = max(len(registry.build_image(m, compiler.Target(a)).image)
+                  for m in kernels.ALL_MODULES for a in ("sm_90", "sm_100"))
+    assert 4 * biggest <= cache.MAX_ENTRY_BYTES <= 16 << 20
+
+
+def _sparse(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)  # no data blocks: only a read would cost anything
+    return path
+
+
+def _peak_memory_and_time(fn):
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1], time.perf_counter() - t0
+    finally:
+        tracemalloc.stop()
+
+
+def test_huge_sparse_entry_is_refused_from_its_size_before_reading(tmp_path):
+    d = cache.DiskCache(tmp_path / "c")
+    d.usable()
+    size = (16 << 20) + 1  # just over the cap (at most 16 MiB: test_entry_cap_is_fitted_to_real_entries)
+    path = _sparse(d.path_for("m-sm_90", "ab" * 32), size)
+    (blob, problem), peak, took = _peak_memory_and_time(lambda: cache.read_entry_file(path))
+    assert blob is None and problem.startswith("too large") and str(size) in problem
+    assert peak < 1 << 20 and took < 1.0
+    got, peak, took = _peak_memory_and_time(lambda: d.get("m-sm_90", "ab" * 32))
+    assert got is None and peak < 1 << 20 and took < 1.0
+    (info,), peak, took = _peak_memory_and_time(d.entries)  # what `cache list` / `verify` see
+    assert info.problem.startswith("too large") and info.size == size and peak < 1 << 20 and took < 1.0
+
+
+def test_a_file_growing_past_the_cap_is_read_no_further(tmp_path, monkeypatch):
+    """fstat said small, the file is huge (it grew, or lies): the read stops at cap + 1 bytes."""
+    d = cache.DiskCache(tmp_path / "c")
+    d.usable()
+    path = _sparse(d.path_for("m-sm_90", "ab" * 32), 64 << 20)
+    real_fstat = os.fstat
+
+    def small_fstat(fd):
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 100,
+                               st.st_atime, st.st_mtime, st.st_ctime))
+
+    monkeypatch.setattr(os, "fstat", small_fstat)
+    reads = []
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    (blob, problem), peak, _ = _peak_memory_and_time(lambda: cache.read_entry_file(path))
+    assert blob is None and problem.startswith("too large")
+    assert sum(reads) == cache.MAX_ENTRY_BYTES + 1 and max(reads) <= 1 << 20  # bounded chunks
+    assert peak < 3 * cache.MAX_ENTRY_BYTES
+
+
+def test_an_entry_at_the_cap_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "MAX_ENTRY_BYTES", 4096)
+    d = cache.DiskCache(tmp_path / "c")
+    payload = b"p" * (4096 - cache._HEADER.size)
+    assert d.put("m-sm_90", "ab" * 32, payload) and d.get("m-sm_90", "ab" * 32) == payload
+    assert d.put("m-sm_90", "cd" * 32, payload + b"!") and d.get("m-sm_90", "cd" * 32) is None
+
+
+# -- names: the cache owns only what it writes ---------------------------------------------
+
+ENTRY = f"gather_indexer_k-sm_90-{'ab' * 32}.bin"
+FOREIGN_NAMES = ["firmware.bin", "app.lock", "x.bin.lock", ".foo.bin.x.tmp", "notes.txt", ".hidden",
+                 f"gather_indexer_k-sm_90-{'a' * 63}.bin",            # 63 hex digits
+                 f"gather_indexer_k-sm_90-{'AB' * 32}.bin",           # uppercase hex
+                 f"gather_indexer_k-sm_90-{'a' * 63}.bin.lock",
+                 f"sm_90-{'ab' * 32}.bin",                            # no module
+                 f"{ENTRY}.lock.bak", f"{ENTRY}~", f".{ENTRY}.tmp", f".{ENTRY}.abc.tmp",
+                 f".{ENTRY}.ABCDEFGH.tmp", f".{ENTRY}.abcdefgh.tmp.x", f"{ENTRY}.abcdefgh.tmp"]
+
+
+@pytest.mark.parametrize("name, kind", [
+    (ENTRY, "entry"), (ENTRY + ".lock", "lock"), (f".{ENTRY}.k3_j4x9z.tmp", "temp"),
+    *[(n, None) for n in FOREIGN_NAMES]])
+def test_name_kind(name, kind):
+    assert cache.name_kind(name) == kind
+
+
+def test_publish_temp_names_are_recognised(tmp_path, monkeypatch):
+    import tempfile
+
+    seen = []
+    real = tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    d = cache.DiskCache(tmp_path / "c")
+    for _ in range(20):
+        assert d.put("gather_indexer_k-sm_90", "ab" * 32, b"p")
+    assert len(seen) == 20 and all(cache.name_kind(os.path.basename(p)) == "temp" for _, p in seen)
+
+
+def _populate(directory):
+    """A cache directory shared with other programs: our entries, locks (one orphan) and a
+    temp file, and other programs' files, some named almost like ours, and subdirectories."""
+    d = cache.DiskCache(directory)
+    assert d.put("gather_indexer_k-sm_90", "ab" * 32, b"p") and d.put("quant_cache-sm_90", "cd" * 32, b"q")
+    with d.lock("gather_indexer_k-sm_90", "ab" * 32):
+        pass
+    ours = sorted(os.listdir(directory)) + [f"quant_cache-sm_80-{'ef' * 32}.bin.lock",  # orphan lock
+                                             f".{ENTRY}.a1b2c3d4.tmp"]
+    for n in ours[-2:]:
+        (directory / n).write_bytes(b"")
+    for n in FOREIGN_NAMES:
+        (directory / n).write_bytes(b"theirs " + n.encode())
+    (directory / "subdir").mkdir()
+    (directory / "subdir" / ENTRY).write_bytes(b"deep")
+    (directory / f"quant_cache-sm_100-{'12' * 32}.bin").mkdir()  # a directory named like an entry
+    foreign = sorted(FOREIGN_NAMES + ["subdir", f"quant_cache-sm_100-{'12' * 32}.bin"])
+    return d, sorted(ours), foreign
+
+
+def _snapshot(directory):
+    return {p.relative_to(directory).as_posix(): (p.read_bytes() if p.is_file() else None)
+            for p in directory.rglob("*")}
+
+
+@pytest.mark.parametrize("via_symlink", [False, True], ids=["dir", "symlinked-dir"])
+def test_clear_removes_only_the_caches_own_files(tmp_path, via_symlink):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    d, ours, foreign = _populate(real)
+    if via_symlink:
+        (tmp_path / "link").symlink_to(real)
+        d = cache.DiskCache(tmp_path / "link")
+    before = {k: v for k, v in _snapshot(real).items() if k not in ours}
+    removal = d.clear()
+    assert _snapshot(real) == before  # every foreign file, byte for byte, and the subdirectories
+    assert real.is_dir() and (not via_symlink or (tmp_path / "link").is_symlink())
+    assert sorted(removal.removed) == ours and removal.failed == []
+    assert sorted(p.name for p in d.foreign()) == foreign and d.entries() == []

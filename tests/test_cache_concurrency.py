@@ -114,11 +114,11 @@ def test_writer_killed_mid_write_leaves_nothing_loadable(ctx, tmp_path):
 
 def test_clear_removes_leftover_temp_files(tmp_path):
     disk = cache.DiskCache(tmp_path / "c")
-    assert disk.put("m", "ab" * 32, b"x")
-    with disk.lock("m", "ab" * 32):
+    assert disk.put("m-sm_90", "ab" * 32, b"x")
+    with disk.lock("m-sm_90", "ab" * 32):
         pass
-    (disk.directory / f".m-{'ab' * 32}.bin.k3j4.tmp").write_bytes(b"half")
-    assert disk.clear() == 3 and _names(disk.directory) == []
+    (disk.directory / f".m-sm_90-{'ab' * 32}.bin.k3j4x_9z.tmp").write_bytes(b"half")
+    assert len(disk.clear().removed) == 3 and _names(disk.directory) == []
 
 
 def test_a_stuck_lock_holder_only_delays(tmp_path, monkeypatch):

@@ -72,3 +72,36 @@ def test_ops_launch_only_entry_points_their_module_declares():
     from nvrtc_gather import gather, quant_cache
     assert set(gather.KERNEL_NAMES.values()) == set(kernels.GATHER.kernels)
     assert set(quant_cache.KERNEL_NAMES.values()) == set(kernels.QUANT.kernels)
+
+
+# A child process: compile GATHER's cubin and PTX in the working directory argv[1], write them to argv[2].
+_COMPILE_IN_CWD = ("import os, sys\nos.chdir(sys.argv[1])\nfrom nvrtc_gather import compiler, kernels\n"
+                   "images = [compiler.compile_module(kernels.GATHER, compiler.Target(a)).image "
+                   "for a in ('sm_90', 'compute_90')]\n"
+                   "open(sys.argv[2], 'wb').write(images[0]); open(sys.argv[2] + '.ptx', 'wb').write(images[1])\n")
+
+
+def test_image_does_not_depend_on_the_working_directory(tmp_path):
+    """-lineinfo records source paths; none may come from the cwd: one key, one image, no path leaked."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cwds = [tmp_path / "first_cwd_d1f0a7", tmp_path / "elsewhere" / "second_cwd_9c2e4b"]
+    procs = []
+    for i, cwd in enumerate(cwds):
+        cwd.mkdir(parents=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+        procs.append(subprocess.Popen([sys.executable, "-c", _COMPILE_IN_CWD, str(cwd), str(tmp_path / f"img{i}")],
+                                      env=env, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        assert p.wait(300) == 0, p.stderr.read()
+    for suffix in ("", ".ptx"):
+        images = [(tmp_path / f"img{i}{suffix}").read_bytes() for i in range(2)]
+        assert images[0] == images[1]
+        for image in images:
+            for cwd in cwds:
+                assert cwd.name.encode() not in image and str(tmp_path).encode() not in image
+            assert compiler.SOURCE_ROOT.encode() in image  # the fixed place NVRTC is told the sources are

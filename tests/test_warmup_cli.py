@@ -173,7 +173,7 @@ def test_cache_list_verify_fix_clear(tmp_path, capsys):
 
     path = d.path_for(registry.entry_name(kernels.GATHER, t), built.key)
     path.write_bytes(path.read_bytes()[:-1])
-    (d.directory / f".{path.name}.zz.tmp").write_bytes(b"half")
+    (d.directory / f".{path.name}.zz9_ab01.tmp").write_bytes(b"half")
     assert cli.main(["cache", "list", *args]) == 0
     out = capsys.readouterr().out
     assert "NO (truncated)" in out and "1 temp file" in out
@@ -183,6 +183,165 @@ def test_cache_list_verify_fix_clear(tmp_path, capsys):
     assert not path.exists() and stale.exists()
     assert cli.main(["cache", "clear", *args]) == 0
     assert os.listdir(d.directory) == []
+
+
+def _shared_dir(tmp_path):
+    """A cache directory that other programs also use: a built entry (with its lock), a
+    damaged one, an orphan lock, and their files, some named almost like ours."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    d = cache.DiskCache(real)
+    t = compiler.Target("sm_90")
+    built = registry.build_image(kernels.GATHER, t, disk=d)
+    good = d.path_for(registry.entry_name(kernels.GATHER, t), built.key)
+    with d.lock("quant_cache-sm_90", "cd" * 32):
+        pass
+    bad = d.path_for("quant_cache-sm_90", "cd" * 32)
+    bad.write_bytes(b"damaged")
+    orphan = real / f"quant_cache-sm_80-{'ef' * 32}.bin.lock"
+    orphan.write_bytes(b"")
+    foreign = {"firmware.bin": b"\x7fELF firmware", "app.lock": b"pid 42", "x.bin.lock": b"",
+               ".foo.bin.x.tmp": b"t", f"gather_indexer_k-sm_90-{'a' * 63}.bin": b"63",
+               f"gather_indexer_k-sm_90-{'AB' * 32}.bin": b"upper", f"{bad.name}.bak": b"backup"}
+    for name, data in foreign.items():
+        (real / name).write_bytes(data)
+    (real / "subdir").mkdir()
+    (real / "subdir" / "firmware.bin").write_bytes(b"deep")
+    return d, good, bad, orphan, foreign
+
+
+def _foreign_intact(real, foreign):
+    assert {n: (real / n).read_bytes() if (real / n).exists() else "deleted" for n in foreign} == foreign
+    assert (real / "subdir" / "firmware.bin").read_bytes() == b"deep"
+
+
+@pytest.mark.parametrize("via_symlink", [False, True], ids=["dir", "symlinked-dir"])
+def test_cache_commands_leave_other_programs_files_alone(tmp_path, capsys, via_symlink):
+    d, good, bad, orphan, foreign = _shared_dir(tmp_path)
+    real = d.directory
+    if via_symlink:
+        (tmp_path / "link").symlink_to(real)
+    args = ["--cache-dir", str(tmp_path / "link" if via_symlink else real)]
+
+    assert cache_cli.main(["verify", *args]) == 1
+    verified = capsys.readouterr().out
+    assert cache_cli.main(["verify", "--fix", *args]) == 0
+    capsys.readouterr()
+    _foreign_intact(real, foreign)
+    assert not bad.exists() and not Path(f"{bad}.lock").exists()   # the bad entry went with its lock
+    assert good.exists() and Path(f"{good}.lock").exists() and orphan.exists()
+    assert f"BAD {bad.name}" in verified and "1 of 2 entries intact" in verified and verified.count("BAD ") == 1
+    assert "8 other file(s)" in verified and "firmware.bin" in verified
+
+    assert cache_cli.main(["list", *args]) == 0
+    out = capsys.readouterr().out
+    assert "1 entries" in out and "firmware.bin" in out and "8 other file(s)" in out and "left alone" in out
+    assert "1 lock file(s) without an entry" in out
+
+    assert cache_cli.main(["clear", *args]) == 0
+    out = capsys.readouterr().out
+    _foreign_intact(real, foreign)
+    assert sorted(os.listdir(real)) == sorted([*foreign, "subdir"])
+    assert "removed 3 file(s)" in out and "8 other file(s)" in out  # entry, its lock, the orphan lock
+    assert not via_symlink or (tmp_path / "link").is_symlink()
+
+
+def test_entry_locks_are_not_foreign_and_go_with_their_entries(tmp_path, capsys):
+    d = cache.DiskCache(tmp_path / "c")
+    built = registry.build_image(kernels.GATHER, compiler.Target("sm_90"), disk=d)
+    path = d.path_for(registry.entry_name(kernels.GATHER, compiler.Target("sm_90")), built.key)
+    lock = Path(f"{path}.lock")
+    assert sorted(os.listdir(d.directory)) == sorted([path.name, lock.name])
+    assert cache_cli.main(["list", "--cache-dir", str(d.directory)]) == 0
+    assert "other file" not in capsys.readouterr().out
+    path.write_bytes(b"bad")
+    assert cache_cli.main(["verify", "--fix", "--cache-dir", str(d.directory)]) == 0
+    assert os.listdir(d.directory) == [] and "1 lock file" in capsys.readouterr().out
+    orphan = Path(f"{d.path_for('m-sm_80', 'cd' * 32)}.lock")
+    orphan.write_bytes(b"")
+    assert d.foreign() == [] and cache_cli.main(["clear", "--cache-dir", str(d.directory)]) == 0
+    assert os.listdir(d.directory) == []
+
+
+def test_put_leaves_a_lock_in_place(tmp_path):
+    """A lock another process may be waiting on is never unlinked by a normal build."""
+    d = cache.DiskCache(tmp_path / "c")
+    with d.lock("m-sm_90", "ab" * 32) as taken:
+        lock = Path(f"{d.path_for('m-sm_90', 'ab' * 32)}.lock")
+        ino = lock.stat().st_ino
+        assert taken and d.put("m-sm_90", "ab" * 32, b"p")
+        assert lock.stat().st_ino == ino
+    assert d.put("m-sm_90", "ab" * 32, b"q") and lock.stat().st_ino == ino
+
+
+def _refuse_unlink(monkeypatch, directory):
+    """os.unlink fails with EACCES inside ``directory`` (as a read-only directory does, even for root)."""
+    import errno
+
+    real = os.unlink
+
+    def unlink(path, *a, **k):
+        if Path(path).parent == Path(directory):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_clear_that_fails_says_so_and_exits_non_zero(tmp_path, monkeypatch, capsys):
+    d = cache.DiskCache(tmp_path / "c")
+    assert d.put("m-sm_90", "ab" * 32, b"p") and d.put("m-sm_80", "cd" * 32, b"q")
+    before = sorted(os.listdir(d.directory))
+    _refuse_unlink(monkeypatch, d.directory)
+    assert cache_cli.main(["clear", "--cache-dir", str(d.directory)]) == 1
+    cap = capsys.readouterr()
+    for name in before:
+        assert f"could not remove {d.directory / name}: Permission denied" in cap.err
+    assert "2 file(s) were not removed" in cap.err and "may write to it" in cap.err and "cache clear" in cap.err
+    assert "removed 0 file(s)" in cap.out and sorted(os.listdir(d.directory)) == before
+
+
+def test_verify_fix_that_fails_says_so_and_exits_non_zero(tmp_path, monkeypatch, capsys):
+    d = cache.DiskCache(tmp_path / "c")
+    assert d.put("m-sm_90", "ab" * 32, b"p")
+    path = d.path_for("m-sm_90", "ab" * 32)
+    path.write_bytes(b"bad")
+    _refuse_unlink(monkeypatch, d.directory)
+    assert cache_cli.main(["verify", "--fix", "--cache-dir", str(d.directory)]) == 1
+    cap = capsys.readouterr()
+    assert f"could not remove {path}: Permission denied" in cap.err and "verify --fix" in cap.err
+    assert path.exists()
+
+
+def _permissions_bind(tmp_path) -> bool:
+    """Whether a 0500 directory stops us (not for root, unless it runs without CAP_DAC_OVERRIDE)."""
+    probe = tmp_path / "probe"
+    probe.mkdir(mode=0o500)
+    try:
+        (probe / "x").touch()
+        return False
+    except PermissionError:
+        return True
+    finally:
+        probe.chmod(0o700)
+
+
+def test_clear_and_verify_fix_in_a_read_only_directory_fail_loudly(tmp_path, capsys):
+    if not _permissions_bind(tmp_path):
+        pytest.skip("directory permissions do not bind this process (root); the two tests above fake them")
+    d = cache.DiskCache(tmp_path / "c")
+    assert d.put("m-sm_90", "ab" * 32, b"p") and d.put("m-sm_80", "cd" * 32, b"q")
+    d.path_for("m-sm_80", "cd" * 32).write_bytes(b"bad")
+    before = sorted(os.listdir(d.directory))
+    d.directory.chmod(0o500)
+    try:
+        assert cache_cli.main(["verify", "--fix", "--cache-dir", str(d.directory)]) == 1
+        assert "Permission denied" in capsys.readouterr().err
+        assert cache_cli.main(["clear", "--cache-dir", str(d.directory)]) == 1
+        cap = capsys.readouterr()
+        assert cap.err.count("Permission denied") == 2 and "removed 0 file(s)" in cap.out
+        assert sorted(os.listdir(d.directory)) == before
+    finally:
+        d.directory.chmod(0o700)
 
 
 def test_cache_commands_on_a_missing_directory(tmp_path, capsys):
