@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from . import sources
+from . import cuda_packages, sources
 from .errors import CompileError, MissingDependencyError
-from ._version import installed_version
 from .kernels import KernelModule
 
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
@@ -26,13 +25,7 @@ SOURCE_ROOT = "/nvrtc_gather/cuda_src"
 
 
 def _install_hint() -> str:
-    """What to install, naming the nvidia-cuda-nvrtc major that the installed cuda-bindings loads."""
-    hint = ("install NVRTC for Python: pip install cuda-bindings nvidia-cuda-nvrtc "
-            "(the nvidia-cuda-nvrtc major version must match cuda-bindings')")
-    bindings = installed_version("cuda-bindings")
-    if bindings is None:  # the generic hint says it all
-        return hint
-    return f"{hint}; cuda-bindings {bindings} is installed: pip install 'nvidia-cuda-nvrtc=={bindings.split('.')[0]}.*'"
+    return "install NVRTC for Python: " + cuda_packages.install_hint()
 
 
 @dataclass(frozen=True)
@@ -91,14 +84,16 @@ def nvrtc_version() -> tuple[int, int]:
 @lru_cache(maxsize=None)
 def compiler_identity() -> str:
     """Which NVRTC compiles here, as the cache key records it. Loading NVRTC costs ~50 ms,
-    which a first call on a warm cache should not pay just to learn a version, so when
-    NVRTC comes from the nvidia-cuda-nvrtc wheel matching cuda-bindings (which
-    cuda.pathfinder loads first) the wheel's exact version is read from its metadata;
-    otherwise the loaded library's major.minor."""
-    wheel, bindings = installed_version("nvidia-cuda-nvrtc"), installed_version("cuda-bindings")
-    if wheel and bindings and wheel.split(".")[0] == bindings.split(".")[0]:
-        return f"nvidia-cuda-nvrtc {wheel}"
-    return "nvrtc %d.%d" % nvrtc_version()  # not from the wheel: ask the library itself
+    which a first call on a warm cache should not pay just to learn a version, so when the
+    one NVRTC wheel installed is of cuda-bindings' major (cu12 or cu13: what cuda.pathfinder
+    then loads) its exact version is read from its metadata; otherwise (no wheel, a wheel of
+    another major, or both) the loaded library is asked for its major.minor."""
+    wheels = cuda_packages.nvrtc_wheels()
+    bindings = cuda_packages.bindings_major()
+    if len(wheels) == 1 and bindings in wheels:
+        dist, version = wheels[bindings]
+        return f"{dist} {version}"
+    return "nvrtc %d.%d" % nvrtc_version()
 
 
 @lru_cache(maxsize=None)
@@ -126,8 +121,8 @@ def pick_target(capability: int, supported: tuple[int, ...] | None = None) -> Ta
         raise MissingDependencyError(
             f"this NVRTC ({'.'.join(map(str, nvrtc_version()))}) cannot compile for compute capability "
             f"{capability // 10}.{capability % 10} (it supports {', '.join(f'sm_{a}' for a in known)}); "
-            "the GPU is older than the oldest arch it supports: install an older nvidia-cuda-nvrtc (and the "
-            "matching cuda-bindings) that still supports it"
+            "the GPU is older than the oldest arch it supports: install CUDA 12's NVRTC, which still supports it: "
+            f"{cuda_packages.driver_match_hint(12)}"
         )
     return Target(f"compute_{max(older)}")
 

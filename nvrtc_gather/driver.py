@@ -20,19 +20,19 @@ _DRIVER_HINT = (
 # Hints for CUresults a user can act on. A freshly compiled image that will not load is
 # almost always NVRTC newer than the driver; `nvrtc-gather info` shows both versions.
 _VERSION_HINT = ("if `nvrtc-gather info` shows the driver's CUDA version older than NVRTC's, upgrade the NVIDIA "
-                 "driver or install nvidia-cuda-nvrtc of the driver's CUDA major version (e.g. "
-                 "pip install 'nvidia-cuda-nvrtc==12.*' for a CUDA 12 driver); a damaged cached image is "
+                 "driver or install NVRTC of the driver's CUDA major version (for a CUDA 12 driver: "
+                 "pip install 'nvidia-cuda-nvrtc-cu12==12.*' 'cuda-bindings>=12.8,<13'); a damaged cached image is "
                  "replaced automatically, and `nvrtc-gather cache clear` removes them all")
 _HINTS = {
     200: "the driver rejected the kernel image: " + _VERSION_HINT,  # INVALID_IMAGE
     209: "no kernel image for this GPU: " + _VERSION_HINT,  # NO_BINARY_FOR_GPU
     218: "the driver rejected the PTX: " + _VERSION_HINT,  # INVALID_PTX
     222: "the driver is older than the NVRTC that produced this PTX: upgrade the NVIDIA driver, or install "
-         "an nvidia-cuda-nvrtc release matching the driver's CUDA version (see `nvrtc-gather info`)",  # UNSUPPORTED_PTX_VERSION
+         "the NVRTC wheel of the driver's CUDA version (`nvrtc-gather info` prints the pip command)",  # UNSUPPORTED_PTX_VERSION
     221: "this GPU is newer than NVRTC, so its kernels are PTX for the driver to JIT-compile, and the driver "
-         "cannot: install an nvidia-cuda-nvrtc release that supports this GPU",  # JIT_COMPILER_NOT_FOUND
+         "cannot: install an NVRTC that supports this GPU (pip install --upgrade nvidia-cuda-nvrtc)",  # JIT_COMPILER_NOT_FOUND
     223: "this GPU is newer than NVRTC, so its kernels are PTX for the driver to JIT-compile, and JIT is "
-         "disabled (CUDA_DISABLE_JIT?): install an nvidia-cuda-nvrtc release that supports this GPU",  # JIT_COMPILATION_DISABLED
+         "disabled (CUDA_DISABLE_JIT?): install an NVRTC that supports this GPU (pip install --upgrade nvidia-cuda-nvrtc)",  # JIT_COMPILATION_DISABLED
     34: "the libcuda.so found is the CUDA toolkit's stub, not the driver: install the NVIDIA driver, or fix "
         "LD_LIBRARY_PATH so the driver's libcuda.so.1 comes first",  # STUB_LIBRARY
     36: "the NVIDIA driver is older than cuda-bindings needs: upgrade the driver, or install cuda-bindings of "

@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 
-from . import settings
+from . import cuda_packages, settings
 from ._text import human_size
 from ._version import __version__, installed_version
 
@@ -22,8 +22,8 @@ def _nvrtc(lines):
     except Exception as exc:  # MissingDependencyError says what to install
         lines.append(("NVRTC", f"not usable: {exc}"))
         return None
-    wheel = installed_version("nvidia-cuda-nvrtc")
-    lines.append(("NVRTC", f"{nv[0]}.{nv[1]}" + (f" (nvidia-cuda-nvrtc {wheel})" if wheel else "")))
+    wheels = " and ".join(f"{d} {v}" for d, v in cuda_packages.nvrtc_wheels().values())
+    lines.append(("NVRTC", f"{nv[0]}.{nv[1]}" + (f" (wheels: {wheels})" if wheels else " (not from a wheel)")))
     lines.append(("NVRTC archs", " ".join(f"sm_{a}" for a in archs)))
     return nv
 
@@ -65,14 +65,14 @@ def _driver(lines, notes, nv):
         return
     if drv[0] < nv[0]:
         notes.append(f"NVRTC {nv[0]}.{nv[1]} is a newer major version than the driver (CUDA {drv[0]}.{drv[1]}): "
-                     f"its kernels may not load. Upgrade the NVIDIA driver, or install "
-                     f"'nvidia-cuda-nvrtc=={drv[0]}.*' and 'cuda-bindings=={drv[0]}.*'.")
+                     f"its kernels may not load. Upgrade the NVIDIA driver, or "
+                     f"{cuda_packages.driver_match_hint(drv[0])}.")
     elif drv < nv:
         msg = (f"NVRTC {nv[0]}.{nv[1]} is newer than the driver (CUDA {drv[0]}.{drv[1]}): cubins load, PTX "
                "(used only for a GPU newer than NVRTC) does not.")
         if needs_ptx:
-            msg += (f" A GPU here needs PTX: upgrade the NVIDIA driver, or install "
-                    f"'nvidia-cuda-nvrtc=={drv[0]}.{drv[1]}.*'.")
+            msg += (f" A GPU here needs PTX: upgrade the NVIDIA driver, or "
+                    f"{cuda_packages.driver_match_hint(drv[0], drv[1])}.")
         notes.append(msg)
 
 

@@ -54,7 +54,7 @@ def test_missing_nvrtc_says_what_to_install(monkeypatch):
 
     from cuda.bindings import nvrtc
     monkeypatch.setattr(nvrtc, "nvrtcCreateProgram", boom)
-    with pytest.raises(MissingDependencyError, match="pip install cuda-bindings nvidia-cuda-nvrtc"):
+    with pytest.raises(MissingDependencyError, match="pip install .nvidia-cuda-nvrtc==13.\\*. \\(NVRTC for the installed cuda-bindings 13"):
         compiler.compile_module(kernels.GATHER, compiler.Target("sm_90"))
 
 
