@@ -373,7 +373,7 @@ def test_info_lists_gpus_and_warns_of_an_older_driver(monkeypatch, capsys):
     info.main([])
     out = capsys.readouterr().out
     assert "GPU 0" in out and "Fake GPU 0, sm_90 -> loads sm_90 (cubin)" in out and "CUDA 12.8" in out
-    assert "nvidia-cuda-nvrtc==12.*" in out  # what to install
+    assert "pip install 'nvidia-cuda-nvrtc-cu12==12.*' 'cuda-bindings>=12.8,<13'" in out  # what to install, runnable
 
 
 def test_info_minor_driver_lag_matters_only_for_ptx(monkeypatch, capsys):
