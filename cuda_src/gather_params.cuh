@@ -1,5 +1,5 @@
-// Parameters of the gather kernels, passed by value as one struct. The host packs it
-// with nvrtc_gather/gather.py: PARAMS ("<5Q4q8iQ"), filled from GatherPlan's fields in this order; keep the two in the same order.
+// Parameters of the gather kernels, passed by value as one struct. The host declares the
+// same fields in nvrtc_gather/jit/catalogue.py (GATHER_PARAMS); a test compares them.
 #pragma once
 #include "common.cuh"
 
@@ -21,5 +21,5 @@ struct GatherParams {
     i32 head_dim;              // fp8 bytes per token
     i32 scale_words;           // fp32 scales per token (head_dim / quant_block_size)
     i32 tokens_per_cta;        // <= NG_THREADS
-    i64* error;                // debug mode only, else null
+    i64* error;                // debug mode only, else null (always the last field)
 };

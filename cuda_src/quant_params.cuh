@@ -1,5 +1,5 @@
 // Parameters of the indexer_k_quant_and_cache kernels, passed by value as one struct. The host
-// packs it with nvrtc_gather/quant_cache.py: PARAMS ("<4Q3q6i"); keep the two in the same order.
+// declares the same fields in nvrtc_gather/jit/catalogue.py (QUANT_PARAMS); a test compares them.
 #pragma once
 #include "common.cuh"
 
@@ -7,7 +7,6 @@ struct QuantParams {
     const u8* k;              // token i at k + i * k_row_stride
     const i64* slot_mapping;  // num_tokens entries
     u8* kv_cache;             // block b starts at kv_cache + b * block_stride
-    i64* error;               // debug mode only, else null
     i64 k_row_stride;         // bytes
     i64 block_stride;         // bytes
     i64 num_slots;            // num_blocks * block_size
@@ -17,4 +16,5 @@ struct QuantParams {
     i32 quant_block_size;     // elements per scale; divides head_dim
     i32 tokens_per_pass;      // vector kernels: tokens one pass of the block covers (NG_THREADS / lanes)
     i32 ue8m0;                // 1: scales rounded up to a power of two
+    i64* error;               // debug mode only, else null (always the last field)
 };

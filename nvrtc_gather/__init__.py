@@ -8,17 +8,15 @@ Public API:
 from ._version import __version__
 from .errors import (CaptureError, CompileError, CudaError, JitDisabledError, MissingDependencyError,
                      NvrtcGatherError)
-from .gather import cp_gather_indexer_k_quant_cache
-from .quant_cache import indexer_k_quant_and_cache
-from .registry import preload
-from . import torch_ops  # registers torch.ops.nvrtc_gather.*
+from .jit.runtime import preload
+from .ops.gather import cp_gather_indexer_k_quant_cache  # importing an op registers torch.ops.nvrtc_gather.*
+from .ops.indexer_k_quant import indexer_k_quant_and_cache
 
 __all__ = [
     "__version__",
     "cp_gather_indexer_k_quant_cache",
     "indexer_k_quant_and_cache",
     "preload",
-    "torch_ops",
     "NvrtcGatherError",
     "MissingDependencyError",
     "CompileError",

@@ -1,9 +1,6 @@
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py
 
 
 def _gpu_reason():

@@ -1,0 +1,143 @@
+"""``nvrtc-gather info``: what this install would use, for bug reports and for checking a
+machine. Never raises and never prints a traceback: each probe that fails prints why
+(e.g. "no NVIDIA driver found") and the others still run. Exit status 0."""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+from .. import settings
+from .._version import __version__, installed_version
+from ..jit import cuda_packages
+from .text import human_size
+
+
+def _nvrtc(lines):
+    from ..jit import compiler
+
+    try:
+        nv = compiler.nvrtc_version()
+        archs = compiler.supported_archs()
+    except Exception as exc:  # MissingDependencyError says what to install
+        lines.append(("NVRTC", f"not usable: {exc}"))
+        return None
+    wheels = " and ".join(f"{d} {v}" for d, v in cuda_packages.nvrtc_wheels().values())
+    lines.append(("NVRTC", f"{nv[0]}.{nv[1]}" + (f" (wheels: {wheels})" if wheels else " (not from a wheel)")))
+    lines.append(("NVRTC archs", " ".join(f"sm_{a}" for a in archs)))
+    return nv
+
+
+def _driver(lines, notes, nv):
+    from ..errors import CudaError, MissingDependencyError
+    from ..jit import compiler, driver
+
+    try:
+        v = driver.driver_version()
+        count = driver.device_count()
+    except MissingDependencyError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, CudaError) and cause.code == 100:
+            lines.append(("driver", "NVIDIA driver found, but no GPU is visible (check CUDA_VISIBLE_DEVICES)"))
+        else:
+            lines.append(("driver", "no NVIDIA driver found"))
+        return
+    except Exception as exc:
+        lines.append(("driver", f"not usable: {exc}"))
+        return
+    drv = (v // 1000, v % 1000 // 10)
+    lines.append(("driver", f"CUDA {drv[0]}.{drv[1]} ({v})"))
+    needs_ptx = False
+    for i in range(count):
+        try:
+            cc = driver.capability(i)
+            desc = f"{driver.device_name(i)}, sm_{cc}"
+            if nv is not None:
+                t = compiler.pick_target(cc)
+                needs_ptx |= t.is_ptx
+                desc += f" -> loads {t.arch} ({'PTX, JIT by the driver' if t.is_ptx else 'cubin'})"
+        except Exception as exc:
+            desc = f"not usable: {exc}"
+        lines.append((f"GPU {i}", desc))
+    if count == 0:
+        lines.append(("GPUs", "none visible"))
+    if nv is None:
+        return
+    if drv[0] < nv[0]:
+        notes.append(f"NVRTC {nv[0]}.{nv[1]} is a newer major version than the driver (CUDA {drv[0]}.{drv[1]}): "
+                     f"its kernels may not load. Upgrade the NVIDIA driver, or "
+                     f"{cuda_packages.driver_match_hint(drv[0])}.")
+    elif drv < nv:
+        msg = (f"NVRTC {nv[0]}.{nv[1]} is newer than the driver (CUDA {drv[0]}.{drv[1]}): cubins load, PTX "
+               "(used only for a GPU newer than NVRTC) does not.")
+        if needs_ptx:
+            msg += (f" A GPU here needs PTX: upgrade the NVIDIA driver, or "
+                    f"{cuda_packages.driver_match_hint(drv[0], drv[1])}.")
+        notes.append(msg)
+
+
+def _torch(lines):
+    try:
+        import torch
+    except Exception as exc:
+        lines.append(("torch", f"not importable ({exc})"))
+        return
+    try:
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
+        lines.append(("torch", f"{torch.__version__} ({built}; sees CUDA: "
+                               f"{'yes' if torch.cuda.is_available() else 'no'})"))
+    except Exception as exc:
+        lines.append(("torch", f"{getattr(torch, '__version__', '?')} (CUDA query failed: {exc})"))
+
+
+def _cache(lines):
+    from ..jit.cubin_cache import SUFFIX, DiskCache
+
+    d = settings.cache_dir()
+    enabled = settings.disk_cache_enabled()
+    disk = DiskCache(d)
+    if not d.exists():
+        state = "does not exist yet (created at first use)"
+    else:
+        problem = disk.directory_problem()
+        state = f"not usable: {problem}" if problem else "usable"
+    source = f"from ${settings.CACHE_DIR_ENV}" if os.environ.get(settings.CACHE_DIR_ENV) else "default"
+    lines.append(("cache dir", f"{d} ({source})"))
+    lines.append(("cache", ("enabled" if enabled else f"disabled by {settings.DISABLE_CACHE_ENV}") + f", {state}"))
+    try:
+        sizes = [e.stat(follow_symlinks=False).st_size for e in os.scandir(d)
+                 if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
+        lines.append(("cache entries", f"{len(sizes)}, {human_size(sum(sizes))} (check them: nvrtc-gather cache verify)"))
+    except OSError:
+        pass
+
+
+def collect() -> tuple[list[tuple[str, str]], list[str]]:
+    """(label, value) lines and warnings about version mismatches."""
+    lines: list[tuple[str, str]] = [
+        ("nvrtc-gather", f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})"),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+    ]
+    notes: list[str] = []
+    nv = _nvrtc(lines)
+    lines.append(("cuda-bindings", installed_version("cuda-bindings") or "not installed"))
+    _driver(lines, notes, nv)
+    _torch(lines)
+    _cache(lines)
+    return lines, notes
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="nvrtc-gather info", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    lines, notes = collect()
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k:<{width}}  {v}")
+    for n in notes:
+        print(f"warning: {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

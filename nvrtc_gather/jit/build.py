@@ -1,0 +1,141 @@
+"""From a KernelModule to GPU code for one target: the cache key, then a verified entry of
+the cubin cache or a fresh NVRTC compile that is published there. Needs no GPU: the
+warmup tool and the runtime (runtime.py, which loads what this builds) both come here.
+
+- ``build_image(module, target)``: the image, from the cache or NVRTC;
+- ``image_for_gpu(module, capability)``: the target a GPU loads, with its image when the
+  cache holds the exact cubin (without loading NVRTC);
+- ``rebuild(module, target, built)``: replace a cached image that the driver refused.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from .. import settings
+from .._version import __version__
+from ..errors import JitDisabledError
+from . import compiler, sources
+from . import cubin_cache as cache_mod
+from .catalogue import KernelModule
+
+log = logging.getLogger(__name__)
+
+# Counters for tests and the CLI: how often NVRTC ran, the disk served, the driver loaded.
+stats = {"compiles": 0, "disk_hits": 0, "loads": 0}
+_stats_lock = threading.Lock()  # the warmup tool builds from several threads
+
+
+def count(what: str) -> None:
+    with _stats_lock:
+        stats[what] += 1
+
+
+
+def cache_key(module: KernelModule, target: compiler.Target) -> str:
+    """Everything that shapes the GPU code, and nothing that depends on where we are installed."""
+    fields: list[tuple[str, str | bytes]] = [
+        ("schema", str(cache_mod.SCHEMA)),
+        ("package", __version__),
+        ("module", module.name),
+        ("source_name", compiler.nvrtc_source_name(module.source)),  # the path -lineinfo records
+        ("source", sources.module_source(module)),
+    ]
+    for name, text in sources.headers().items():
+        fields += [("header_name", name), ("header", text)]
+    fields += [("option", o) for o in compiler.module_options(module, target)]
+    fields += [
+        ("arch", target.arch),
+        ("nvrtc", compiler.compiler_identity()),
+        ("kernels", ",".join(module.kernels)),
+    ]
+    return cache_mod.make_key(fields)
+
+
+def entry_name(module: KernelModule, target: compiler.Target) -> str:
+    return f"{module.name}-{target.arch}"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: bytes
+    key: str
+    from_cache: bool
+
+
+def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None = None,
+                use_default_cache: bool = True, compile_ok: bool | None = None) -> BuildResult:
+    """GPU code for ``module`` on ``target``: a verified disk entry, or a fresh compile that
+    is then published. Raises CompileError / MissingDependencyError; never returns a bad image.
+    A bad, foreign or unreadable entry is a miss; an unusable disk means compile-only (the
+    cache warns once). Thread- and process-safe; the per-entry lock only saves compiles.
+    ``compile_ok`` (default: unless NVRTC_GATHER_DISABLE_JIT is set) False makes a miss raise
+    JitDisabledError instead of compiling."""
+    key = cache_key(module, target)
+    if disk is None and use_default_cache:
+        disk = cache_mod.current()
+    name = entry_name(module, target)
+    if disk is not None:
+        image = _from_disk(disk, name, key)
+        if image is not None:
+            return BuildResult(image, key, True)
+        with disk.lock(name, key):
+            image = _from_disk(disk, name, key)  # another process may have published it meanwhile
+            if image is not None:
+                return BuildResult(image, key, True)
+            image = _compile(module, target, disk, compile_ok)
+            disk.put(name, key, image)
+            return BuildResult(image, key, False)
+    return BuildResult(_compile(module, target, None, compile_ok), key, False)
+
+
+def _from_disk(disk: cache_mod.DiskCache, name: str, key: str) -> bytes | None:
+    image = disk.get(name, key)
+    if image is not None:
+        count("disk_hits")
+        log.debug("%s: read from the kernel cache %s", name, disk.directory)
+    return image
+
+
+def _compile(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None,
+             compile_ok: bool | None = None) -> bytes:
+    if not (compile_ok if compile_ok is not None else not settings.jit_disabled()):
+        where = disk.directory if disk is not None else settings.cache_dir()
+        raise JitDisabledError(
+            f"{settings.DISABLE_JIT_ENV} is set and the {module.name} kernels for {target.arch} are not in the "
+            f"kernel cache at {where}; warm it first: nvrtc-gather warmup --arch {target.arch} --cache-dir {where}")
+    count("compiles")
+    t0 = time.perf_counter()
+    image = compiler.compile_module(module, target).image
+    log.info("compiled %s for %s in %.0f ms (%s)", module.name, target.arch, (time.perf_counter() - t0) * 1e3,
+             f"cached in {disk.directory}" if disk is not None else "disk cache off: kept in memory")
+    return image
+
+
+def image_for_gpu(module: KernelModule, capability: int) -> tuple[compiler.Target, BuildResult | None]:
+    """The target for a GPU, with its image when the disk cache holds a cubin for the GPU's
+    exact sm_XY: that is taken as it is, read once, without loading NVRTC to ask which
+    archs it supports (~50 ms of a warm first call). Otherwise compiler.pick_target's
+    target and no image yet."""
+    exact = compiler.Target(f"sm_{capability}")
+    disk = cache_mod.current()
+    if disk is not None:
+        key = cache_key(module, exact)
+        image = _from_disk(disk, entry_name(module, exact), key)
+        if image is not None:
+            return exact, BuildResult(image, key, True)
+    return compiler.pick_target(capability), None
+
+
+def rebuild(module: KernelModule, target: compiler.Target, built: BuildResult) -> bytes:
+    """A cached image the driver would not load: discard the entry, compile afresh, publish."""
+    disk = cache_mod.current()
+    name = entry_name(module, target)
+    if disk is not None:
+        disk.discard(name, built.key)
+    image = _compile(module, target, disk)
+    if disk is not None:
+        disk.put(name, built.key, image)
+    return image

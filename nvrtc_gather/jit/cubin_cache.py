@@ -1,0 +1,484 @@
+"""The on-disk kernel cache: compiled GPU code only, keyed by everything that shapes it.
+
+Guarantees (none depends on the lock):
+- an entry is published by write-to-temp + fsync + os.replace, so a reader sees a whole
+  old entry, a whole new one, or none; a process killed mid-write leaves only a temp
+  file, which no reader ever opens and which a later ``put`` removes once it is stale;
+- every read is verified (regular file, not a symlink, owned by us, magic, schema, the
+  key it was stored under, payload length, SHA-256 of the payload) and any failure is a
+  miss: the caller recompiles and replaces;
+- only GPU code (cubin/PTX) is stored and read back, never host code;
+- an entry file over ``MAX_ENTRY_BYTES`` is refused from its fstat size, before any
+  read, and no read takes more than ``MAX_ENTRY_BYTES + 1`` bytes (a file that grows);
+- the directory is 0700 and entries 0600; a directory we do not own, or one that others
+  may write to (without the sticky bit), is not used: kernels stay in memory, with one
+  warning. So does a read-only or full disk. (A group-writable directory is used: an
+  entry someone else wrote is owned by them, and is refused.)
+- the cache owns only the names it writes (``name_kind``): entries
+  ``{module}-{arch}-{64 hex}.bin``, their locks ``<entry>.lock`` and publish temps
+  ``.<entry>.XXXXXXXX.tmp``. Nothing else in the directory (another program's files,
+  subdirectories) is ever read, replaced or removed: ``clear`` / ``verify --fix`` list
+  it as foreign and leave it alone.
+The lock (flock on ``<entry>.lock``) only stops concurrent processes compiling the same
+entry twice; a lock that cannot be taken in ``LOCK_TIMEOUT_S`` is skipped. Lock files stay
+beside their entries (removing one that another process waits on would break the mutual
+exclusion), and go with them in ``clear`` and ``verify --fix``.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import stat
+import struct
+import tempfile
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .. import settings
+
+SCHEMA = 1
+MAGIC = b"NVRTCGATHER\0"
+_HEADER = struct.Struct("<12sI32sQ32s")  # magic, schema, key digest, payload length, payload sha256
+SUFFIX = ".bin"
+LOCK_SUFFIX = ".lock"
+TMP_SUFFIX = ".tmp"
+# Largest file read as an entry. Real entries (measured with NVRTC 13.5, every supported sm_XY
+# and compute_90/compute_121): the ops' modules (kernels.ALL_MODULES) 0.53-1.25 MB at
+# sm_90/sm_100/sm_120; the largest of any module, a benchmark variant (quant_cache_u8,
+# sm_75), 3.5 MB. 16 MiB leaves 4-12x headroom and bounds what a bad file costs a lookup.
+MAX_ENTRY_BYTES = 16 << 20
+_READ_CHUNK = 1 << 20
+STALE_TMP_S = 15 * 60           # a temp file this old belongs to a writer that died (a write takes ms)
+LOCK_TIMEOUT_S = 60.0           # then compile anyway: a stuck holder must not hang everyone
+
+
+def make_key(fields: Iterable[tuple[str, str | bytes]]) -> str:
+    """SHA-256 over labelled, length-prefixed fields: no two field lists share a key
+    (unlike a plain concatenation), and nothing salted (unlike Python's hash())."""
+    h = hashlib.sha256()
+    for label, value in fields:
+        data = value.encode() if isinstance(value, str) else value
+        lab = label.encode()
+        h.update(struct.pack("<Q", len(lab)) + lab + struct.pack("<Q", len(data)) + data)
+    return h.hexdigest()
+
+
+def encode_entry(key: str, payload: bytes) -> bytes:
+    return _HEADER.pack(MAGIC, SCHEMA, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+def entry_problem(key: str, blob: bytes) -> str | None:
+    """Why ``blob`` is not a whole, intact entry stored under ``key`` (None if it is)."""
+    if len(blob) < _HEADER.size:
+        return "empty" if not blob else "truncated header"
+    magic, schema, digest, length, checksum = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        return "not an nvrtc_gather entry"
+    if schema != SCHEMA:
+        return f"schema {schema}, expected {SCHEMA}"
+    try:
+        if digest != bytes.fromhex(key):
+            return "stored under another key"
+    except ValueError:
+        return "bad key"
+    payload = memoryview(blob)[_HEADER.size:]
+    if length != len(payload):
+        return "truncated" if length > len(payload) else "trailing bytes"
+    if hashlib.sha256(payload).digest() != checksum:
+        return "checksum mismatch"
+    return None
+
+
+def decode_entry(key: str, blob: bytes) -> bytes | None:
+    """The payload if ``blob`` is a whole, intact entry stored under ``key``; else None."""
+    return None if entry_problem(key, blob) is not None else blob[_HEADER.size:]
+
+
+def parse_entry_name(filename: str) -> tuple[str, str, str] | None:
+    """(module, arch, key) from ``{module}-{arch}-{key}.bin``; None for any other name."""
+    if not filename.endswith(SUFFIX) or filename.startswith("."):
+        return None
+    parts = filename[: -len(SUFFIX)].rsplit("-", 2)
+    if len(parts) != 3 or not all(parts):
+        return None
+    module, arch, key = parts
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        return None
+    return module, arch, key
+
+
+# _publish's temp names: mkstemp(prefix=".<entry>.", suffix=".tmp") adds 8 characters of
+# [a-z0-9_] (tempfile._RandomNameSequence).
+_TEMP_NAME = re.compile(r"\.(?P<entry>.+)\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX), re.ASCII)
+
+ENTRY, LOCK, TEMP = "entry", "lock", "temp"
+
+
+def name_kind(filename: str) -> str | None:
+    """ENTRY, LOCK or TEMP for the names this cache writes (an entry name as
+    ``parse_entry_name``, that + ``.lock``, ``.<entry name>.XXXXXXXX.tmp``); None for
+    any other name, which the cache never touches."""
+    if parse_entry_name(filename) is not None:
+        return ENTRY
+    if filename.endswith(LOCK_SUFFIX) and parse_entry_name(filename[: -len(LOCK_SUFFIX)]) is not None:
+        return LOCK
+    m = _TEMP_NAME.fullmatch(filename)
+    if m is not None and parse_entry_name(m.group("entry")) is not None:
+        return TEMP
+    return None
+
+
+def _is_temp_name(filename: str) -> bool:
+    return name_kind(filename) == TEMP
+
+
+def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
+    """(bytes, None), or (None, why not). Never raises. Does not follow a symlink, opens a
+    FIFO without blocking, refuses anything but a regular file of ours of at most
+    ``MAX_ENTRY_BYTES`` (judged by fstat before reading, and again while reading in
+    bounded chunks, never more than ``MAX_ENTRY_BYTES + 1`` bytes, if it grows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "a symbolic link (not followed)"
+        return None, exc.strerror or str(exc)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_uid != os.geteuid():
+            return None, f"owned by uid {st.st_uid}, not by this user"
+        if st.st_size > MAX_ENTRY_BYTES:
+            return None, _too_large(st.st_size)
+        buf = bytearray()
+        while len(buf) <= MAX_ENTRY_BYTES:  # read to EOF: the size may change under us, the checksum decides
+            chunk = os.read(fd, min(MAX_ENTRY_BYTES + 1 - len(buf), _READ_CHUNK))
+            if not chunk:
+                break
+            buf += chunk
+        if len(buf) > MAX_ENTRY_BYTES:
+            return None, _too_large(None)
+        return bytes(buf), None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+
+
+def _too_large(size: int | None) -> str:
+    what = f"{size} bytes" if size is not None else "it grew while being read"
+    return f"too large ({what}; an entry is at most {MAX_ENTRY_BYTES} bytes)"
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One file named like an entry, as ``cache list`` / ``verify`` show it."""
+
+    path: Path
+    size: int
+    module: str
+    arch: str
+    key: str
+    problem: str | None    # None when the entry is intact
+
+    @property
+    def valid(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The cache directory's names by kind (each sorted): what the cache wrote, and the rest."""
+
+    entries: list[str]
+    locks: list[str]
+    temps: list[str]
+    foreign: list[str]     # not the cache's names, or a subdirectory: never touched
+
+    @property
+    def orphan_locks(self) -> list[str]:
+        have = set(self.entries)
+        return [n for n in self.locks if n[: -len(LOCK_SUFFIX)] not in have]
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What ``clear`` / ``remove_entries`` did: names removed, (name, reason) not removed."""
+
+    removed: list[str]
+    failed: list[tuple[str, str]]
+
+
+class DiskCache:
+    """Compiled kernels under one directory. ``get`` never raises for a bad or unreadable
+    entry (it returns None); ``put`` never raises for an unwritable directory (it warns
+    once and returns False). Safe for many threads and processes at once."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.problem: str | None = None   # why the directory is not used, once checked
+        self._usable: bool | None = None
+        self._warned = False
+        self._swept = False
+        self._mutex = threading.Lock()
+
+    # -- locating -----------------------------------------------------------------
+    def path_for(self, name: str, key: str) -> Path:
+        return self.directory / f"{name}-{key}{SUFFIX}"
+
+    def _warn(self, why: str) -> None:
+        with self._mutex:
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            f"nvrtc_gather: not using the kernel cache at {self.directory} ({why}); "
+            f"kernels are kept in memory only. Set {settings.CACHE_DIR_ENV} to a private "
+            f"writable directory, or {settings.DISABLE_CACHE_ENV}=1 to silence this.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def usable(self) -> bool:
+        """Create the directory (0700) if needed and check it is safe to trust (once)."""
+        if self._usable is None:
+            self.problem = self.directory_problem(create=True)
+            self._usable = self.problem is None
+            if self.problem:
+                self._warn(self.problem)
+        return self._usable
+
+    def directory_problem(self, create: bool = False) -> str | None:
+        """Why this directory must not be used (None if it may). Follows a symlinked
+        directory and judges its target. Never raises."""
+        try:
+            if create:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = self.directory.stat()
+        except FileNotFoundError:
+            return "it does not exist"
+        except OSError as exc:
+            return f"cannot create it: {exc.strerror or exc}"
+        if not stat.S_ISDIR(st.st_mode):
+            return "it is not a directory"
+        if st.st_uid != os.geteuid():
+            return f"it is owned by uid {st.st_uid}, not by this user"
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            return "others may write to it"
+        return None
+
+    # -- reading and writing -------------------------------------------------------
+    def get(self, name: str, key: str) -> bytes | None:
+        """The verified payload, or None (missing, damaged, foreign, unreadable). Never raises."""
+        if not self.usable():
+            return None
+        blob, _ = read_entry_file(self.path_for(name, key))
+        return None if blob is None else decode_entry(key, blob)
+
+    def put(self, name: str, key: str, payload: bytes) -> bool:
+        """Publish atomically. False (after one warning) when the disk refuses."""
+        if not self.usable():
+            return False
+        self._sweep_stale_temps()
+        for attempt in (1, 2):
+            try:
+                self._publish(self.path_for(name, key), encode_entry(key, payload))
+                return True
+            except FileNotFoundError:  # directory removed under us (or our temp swept): recreate, retry once
+                self._usable = None
+                if attempt == 2 or not self.usable():
+                    self._warn("it disappeared while writing")
+                    return False
+            except OSError as exc:
+                self._warn(exc.strerror or str(exc))  # EROFS, EACCES, ENOSPC, EDQUOT, ...
+                return False
+        return False
+
+    def _publish(self, final: Path, blob: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=TMP_SUFFIX, dir=self.directory)  # 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            os.replace(tmp, final)
+            tmp = None
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def _sweep_stale_temps(self) -> None:
+        """Once per process: remove temp files of writers that died (killed mid-write).
+        A fresh temp file may belong to a live writer, so only old ones go."""
+        if self._swept:
+            return
+        self._swept = True
+        cutoff = time.time() - STALE_TMP_S
+        try:
+            with os.scandir(self.directory) as it:
+                for e in it:
+                    try:
+                        if _is_temp_name(e.name) and e.is_file(follow_symlinks=False) \
+                                and e.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(e.path)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+
+    def discard(self, name: str, key: str) -> None:
+        """Remove an entry that decoded but would not load (so the next put replaces it)."""
+        try:
+            self.path_for(name, key).unlink()
+        except OSError:
+            pass
+
+    @contextmanager
+    def lock(self, name: str, key: str, timeout: float | None = None) -> Iterator[bool]:
+        """Advisory cross-process lock for one entry; yields whether it was taken. Skipped
+        (yields False) if the lock file cannot be opened or is held past ``timeout``."""
+        timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+        fd = None
+        if self.usable():
+            try:
+                fd = os.open(str(self.path_for(name, key)) + LOCK_SUFFIX,
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                if not _flock_with_timeout(fd, timeout):
+                    os.close(fd)
+                    fd = None
+            except OSError:
+                if fd is not None:
+                    os.close(fd)
+                fd = None
+        try:
+            yield fd is not None
+        finally:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    # -- maintenance (CLI) ---------------------------------------------------------
+    def listing(self) -> Listing:
+        """Sort the directory's names into entries, locks, temps and foreign names (a
+        subdirectory is foreign whatever its name: the cache never makes one). Raises
+        OSError when the directory cannot be read (FileNotFoundError when missing)."""
+        kinds: dict[str | None, list[str]] = {ENTRY: [], LOCK: [], TEMP: [], None: []}
+        with os.scandir(self.directory) as it:
+            for e in it:
+                kind = name_kind(e.name)
+                try:
+                    if kind is not None and e.is_dir(follow_symlinks=False):
+                        kind = None
+                except OSError:
+                    pass
+                kinds[kind].append(e.name)
+        return Listing(*(sorted(kinds[k]) for k in (ENTRY, LOCK, TEMP, None)))
+
+    def _listing_or_empty(self) -> Listing:
+        try:
+            return self.listing()
+        except OSError:
+            return Listing([], [], [], [])
+
+    def entries(self) -> list[EntryInfo]:
+        """Every file named like an entry, each fully verified against the key in its
+        name (other files are ``foreign()``). Never raises; creates nothing."""
+        out = []
+        for fname in self._listing_or_empty().entries:
+            path = self.directory / fname
+            module, arch, key = parse_entry_name(fname)
+            blob, problem = read_entry_file(path)
+            if problem is None:
+                problem = entry_problem(key, blob)
+            try:
+                size = len(blob) if blob is not None else os.lstat(path).st_size
+            except OSError:
+                size = 0
+            out.append(EntryInfo(path, size, module, arch, key, problem))
+        return out
+
+    def temp_files(self) -> list[Path]:
+        """Leftover temp files (a writer still writing, or one that died)."""
+        return [self.directory / n for n in self._listing_or_empty().temps]
+
+    def foreign(self) -> list[Path]:
+        """What else is in the directory (not the cache's names): never read or removed."""
+        return [self.directory / n for n in self._listing_or_empty().foreign]
+
+    def orphan_locks(self) -> list[Path]:
+        """Lock files whose entry is gone (harmless; ``clear`` removes them)."""
+        return [self.directory / n for n in self._listing_or_empty().orphan_locks]
+
+    def _unlink_all(self, names: Iterable[str]) -> Removal:
+        removed, failed = [], []
+        for fname in names:
+            try:
+                os.unlink(self.directory / fname)  # a symlink goes, never its target
+                removed.append(fname)
+            except FileNotFoundError:
+                pass  # gone meanwhile (another clear, or a put's temp renamed)
+            except OSError as exc:
+                failed.append((fname, exc.strerror or str(exc)))
+        return Removal(removed, failed)
+
+    def remove_entries(self, names: Iterable[str]) -> Removal:
+        """Remove these entries (file names) and their lock files; nothing else."""
+        doomed = []
+        for fname in names:
+            if name_kind(fname) != ENTRY:
+                raise ValueError(f"not a cache entry name: {fname!r}")
+            doomed += [fname, fname + LOCK_SUFFIX]
+        return self._unlink_all(doomed)  # a missing lock file is no failure: not every entry has one
+
+    def clear(self) -> Removal:
+        """Remove every entry, lock file (orphans too) and temp file; nothing else (foreign
+        names and subdirectories stay, so does the directory). A missing directory is
+        nothing to remove; one that cannot be listed is one failure, named ``.``."""
+        try:
+            ls = self.listing()
+        except FileNotFoundError:
+            return Removal([], [])
+        except OSError as exc:
+            return Removal([], [(".", exc.strerror or str(exc))])
+        return self._unlink_all(ls.entries + ls.locks + ls.temps)
+
+
+def _flock_with_timeout(fd: int, timeout: float) -> bool:
+    """flock(LOCK_EX), giving up after ``timeout`` seconds (polls, backing off to 50 ms)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+_caches: dict[Path, DiskCache] = {}
+
+
+def current() -> DiskCache | None:
+    """The cache chosen by the environment right now, or None when disabled."""
+    if not settings.disk_cache_enabled():
+        return None
+    d = settings.cache_dir()
+    c = _caches.get(d)
+    if c is None:
+        c = _caches.setdefault(d, DiskCache(d))
+    return c

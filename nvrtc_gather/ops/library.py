@@ -1,0 +1,30 @@
+"""The ``torch.ops.nvrtc_gather`` library every op registers itself in (ops/gather.py,
+ops/indexer_k_quant.py), so that ``torch.compile(fullgraph=True)`` traces callers without a
+graph break.
+
+Each op's schema marks the tensors it writes (``Tensor(a!)``) and returns nothing; its fake
+(meta) implementation does nothing, since the ops only write into their arguments. The
+low-level ``torch.library.Library`` API with CPU/CUDA kernels is used rather than
+``torch.library.custom_op``: the same tracing, at about a tenth of the dispatch cost per call
+(benchmarks/NOTES.md). The plain Python functions stay the documented entry points; inside
+torch.compile they route themselves through these ops."""
+from __future__ import annotations
+
+import torch
+
+NAMESPACE = "nvrtc_gather"
+LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+
+
+def _fake(*args) -> None:
+    return None
+
+
+def register(schema: str, fn) -> None:
+    """Define ``torch.ops.nvrtc_gather.<name>`` with ``schema``, run by ``fn`` on CPU and
+    CUDA tensors, with a fake implementation for tracing."""
+    name = schema.split("(", 1)[0]
+    LIBRARY.define(schema)
+    for key in ("CPU", "CUDA"):
+        LIBRARY.impl(name, fn, key)
+    torch.library.register_fake(f"{NAMESPACE}::{name}", _fake, lib=LIBRARY)

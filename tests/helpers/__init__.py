@@ -1,0 +1,1 @@
+"""Shared test helpers: references, the kernels' host emulator, cache worker processes."""

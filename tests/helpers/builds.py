@@ -1,0 +1,9 @@
+"""Builds of the kernel sources that only tests launch (through the ops' ``prepared`` hook)."""
+import dataclasses
+
+from nvrtc_gather.jit import catalogue
+
+# The integer fp8 encoder that sm_80/86 use (cuda_src/fp8_e4m3.cuh), forced on every arch so
+# that a newer GPU runs it too.
+QUANT_SOFT_FP8 = dataclasses.replace(catalogue.QUANT, name="quant_cache_soft",
+                                     options=catalogue.QUANT.options + ("-DNG_SOFT_FP8=1",))

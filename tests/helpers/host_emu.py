@@ -1,0 +1,58 @@
+"""Builds the host emulator of the kernels (tests/cuda_host_emu.cpp running a file of
+cuda_src/ on CPU threads) for the tests that need it."""
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvrtc_gather.jit import sources
+
+_BUILDS: dict = {}
+# kernel -> (source file in cuda_src/, its parameter struct)
+KERNELS = {"quant": ("quant_cache.cu", "QuantParams"), "gather": ("gather_indexer_k.cu", "GatherParams")}
+
+
+def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
+    """The emulator of ``kernel``'s source built with extra ``-D`` ``defines`` (one build per
+    kernel and set, per process); skips the test when no C++20 compiler is available.
+
+    Several builds live in one process, each with its own __shared__ arrays (static locals of
+    templates: GCC would make them STB_GNU_UNIQUE, one object for every library that defines
+    the symbol, whatever its size there; -fno-gnu-unique keeps them apart)."""
+    if (kernel, defines) in _BUILDS:
+        return _BUILDS[kernel, defines]
+    source, params = KERNELS[kernel]
+    cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the host emulator of the kernels")
+    lib = tmp_path_factory.mktemp("emu") / f"lib{kernel}emu.so"
+    here = Path(__file__).resolve().parent
+    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
+           "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
+           f'-DKERNEL_FILE="{source}"', f"-DKERNEL_PARAMS={params}", *defines,
+           str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
+    r = subprocess.run(cmd[:1] + ["-fno-gnu-unique"] + cmd[1:], capture_output=True, text=True)
+    if r.returncode and "gnu-unique" in r.stderr:  # not GCC: clang does not make them unique
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        if str(sources.source_dir()) in r.stderr:  # the kernel source itself does not build here
+            pytest.fail(f"the host emulator of {source} {' '.join(defines)} does not build: {r.stderr[-1500:]}")
+        pytest.skip(f"could not build the host emulator (a C++20 compiler is needed): {r.stderr[-800:]}")
+    dll = ctypes.CDLL(str(lib))
+    dll.emu_launch.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
+    dll.emu_launch.restype = ctypes.c_int
+    dll.emu_faults.restype = ctypes.c_int
+    _BUILDS[kernel, defines] = dll
+    return dll
+
+
+def emu_launch(dll, params, entry: str, grid: int, values: tuple, err_ptr: int = 0) -> None:
+    """Run ``entry`` of an emulator build on ``grid`` blocks with the struct ``params``
+    (catalogue.*_PARAMS) packed from ``values`` (every field but the error buffer) and
+    ``err_ptr``, as runtime.LoadedModule.launch packs it for the GPU."""
+    fn = ctypes.cast(getattr(dll, entry), ctypes.c_void_p)
+    packed = params.layout.pack(*values, err_ptr)
+    assert dll.emu_launch(fn, packed, grid) == params.layout.size  # the C++ struct has the same size
+    assert dll.emu_faults() == 0, "misaligned vector load or store"

@@ -1,0 +1,147 @@
+"""The vLLM adapter: torch.ops._C_cache_ops.* routed to nvrtc_gather, without vLLM installed.
+Each scenario runs in a fresh interpreter, since op registrations are process-wide."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+import pytest
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/ importable
+
+
+def run(code: str, **env) -> dict:
+    """Run ``code`` in a fresh interpreter (tests/ on its path); it prints one JSON line last."""
+    full_env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"} | env
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       env=full_env | {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")},
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+CPU_BYTES = """
+    import json, random, torch, nvrtc_gather as ng
+    from nvrtc_gather.integrations import vllm
+    from helpers.reference import make_gather_case, make_quant_case, gather_reference
+    vllm.register(); vllm.register()  # idempotent
+    out = {}
+    rng = random.Random(5)
+    # write op: every scale_fmt but "ue8m0" is plain fp32 scales, as in vLLM's kernel
+    for fmt, ours in (("ue8m0", "ue8m0"), ("fp8_e4m3", None), ("other", None), ("", None)):
+        case = make_quant_case(rng, head_dim=128, quant_block_size=64, block_size=16, dtype=torch.bfloat16,
+                               scale_fmt="ue8m0", num_tokens=30)
+        a, b = case.kv_cache.clone(), case.kv_cache.clone()
+        torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k, a, case.slot_mapping, 64, fmt)
+        ng.indexer_k_quant_and_cache(case.k, b, case.slot_mapping, 64, ours)
+        out[f"quant {fmt!r}"] = torch.equal(a, b) and not torch.equal(a, case.kv_cache)
+    case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=5, max_len=200)
+    k_ref, s_ref = gather_reference(case.kv_cache, case.block_table, case.cu_seq_lens, case.dst_k.size(0),
+                                    case.head_dim, case.scale_words)
+    torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache(*case.args())
+    out["gather"] = torch.equal(case.dst_k.view(torch.uint8), k_ref) and torch.equal(case.dst_scale.view(torch.uint8), s_ref)
+    # fake CUDA tensors (no GPU needed): the schema and fake kernel trace
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        kv = torch.empty(4, 64, 132, dtype=torch.uint8, device="cuda")
+        torch.ops._C_cache_ops.indexer_k_quant_and_cache(torch.empty(8, 128, dtype=torch.bfloat16, device="cuda"),
+                                                         kv, torch.empty(8, dtype=torch.int64, device="cuda"), 128, "ue8m0")
+        torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache(
+            kv, torch.empty(9, 128, dtype=torch.uint8, device="cuda"), torch.empty(9, 4, dtype=torch.uint8, device="cuda"),
+            torch.empty(2, 3, dtype=torch.int32, device="cuda"), torch.empty(3, dtype=torch.int32, device="cuda"))
+    out["fake"] = True
+    dump = torch._C._dispatch_dump("_C_cache_ops::cp_gather_indexer_k_quant_cache")
+    out["cuda_kernel_is_ours"] = any(l.startswith("CUDA: registered at") and "integrations/vllm.py" in l
+                                     for l in dump.splitlines())
+    print(json.dumps(out))
+"""
+
+
+def test_register_without_vllm_defines_the_schemas_and_routes_to_our_ops():
+    got = run(CPU_BYTES)
+    assert got == {"quant 'ue8m0'": True, "quant 'fp8_e4m3'": True, "quant 'other'": True, "quant ''": True,
+                   "gather": True, "fake": True, "cuda_kernel_is_ours": True}
+
+
+OVERRIDE = """
+    import json, torch, logging
+    logging.basicConfig(level=logging.INFO)
+    # A stand-in for vLLM's compiled library: its schemas, kernels that must never run.
+    stub = torch.library.Library("_C_cache_ops", "DEF")
+    stub.define("cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor! dst_k, Tensor! dst_scale, "
+                "Tensor block_table, Tensor cu_seq_lens) -> ()")
+    stub.define("indexer_k_quant_and_cache(Tensor k, Tensor! kv_cache, Tensor slot_mapping, "
+                "int quant_block_size, str kv_cache_dtype) -> ()")
+    def stub_kernel(*args):
+        raise RuntimeError("vLLM's stub kernel ran")
+    for name in ("cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"):
+        stub.impl(name, stub_kernel, "CUDA")
+        stub.impl(name, stub_kernel, "CPU")
+    from nvrtc_gather.integrations import vllm
+    vllm.register()
+    out = {}
+    for name in ("cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"):
+        dump = torch._C._dispatch_dump(f"_C_cache_ops::{name}").splitlines()
+        out[name] = [l.split(":")[0] + (" ours" if "integrations/vllm.py" in l else " stub")
+                     for l in dump if " registered at " in l and l.split(":")[0] in ("CPU", "CUDA")]
+    print(json.dumps(out))
+"""
+
+
+def test_register_overrides_an_existing_libraries_cuda_kernels_only():
+    got = run(OVERRIDE)
+    for name in ("cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"):
+        assert got[name] == ["CPU stub", "CUDA ours"], got
+
+
+PLUGIN = """
+    import json, torch
+    from importlib import metadata
+    eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "nvrtc_gather"]
+    eps[0].load()()  # what vLLM's load_general_plugins does
+    try:
+        torch._C._dispatch_find_schema_or_throw("_C_cache_ops::indexer_k_quant_and_cache", "")
+        registered = True
+    except RuntimeError:
+        registered = False
+    print(json.dumps({"entry_point": eps[0].value, "registered": registered}))
+"""
+
+
+def test_plugin_entry_point_is_declared_and_opt_in():
+    eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "nvrtc_gather"]
+    if not eps:
+        pytest.fail("the vllm.general_plugins entry point nvrtc_gather is not installed (reinstall the package)")
+    assert run(PLUGIN) == {"entry_point": "nvrtc_gather.integrations.vllm:plugin", "registered": False}
+    assert run(PLUGIN, VLLM_PLUGINS="other,nvrtc_gather")["registered"] is True
+
+
+GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
+    import random, nvrtc_gather as ng
+    from helpers.reference import make_gather_case, make_quant_case, gather_reference
+    rng = random.Random(11)
+    res = {}
+    for fmt, ours in (("ue8m0", "ue8m0"), ("fp8e4m3", None)):
+        case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=torch.bfloat16,
+                               scale_fmt="ue8m0", num_tokens=300)
+        k, sm = case.k.cuda(), case.slot_mapping.cuda()
+        a, b = case.kv_cache.cuda(), case.kv_cache.clone()
+        torch.ops._C_cache_ops.indexer_k_quant_and_cache(k, a, sm, 128, fmt)
+        ng.indexer_k_quant_and_cache(case.k, b, case.slot_mapping, 128, ours)  # CPU path
+        res[f"quant {fmt}"] = torch.equal(a.cpu(), b)
+    case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=9, max_len=700)
+    k_ref, s_ref = gather_reference(case.kv_cache, case.block_table, case.cu_seq_lens, case.dst_k.size(0),
+                                    case.head_dim, case.scale_words)
+    args = [t.cuda() for t in case.args()]
+    torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache(*args)
+    res["gather"] = torch.equal(args[1].view(torch.uint8).cpu(), k_ref) and \\
+        torch.equal(args[2].view(torch.uint8).cpu(), s_ref)
+    print(json.dumps(res))
+"""
+
+
+@pytest.mark.gpu
+def test_override_runs_our_kernels_on_the_gpu_bit_exact():
+    assert run(GPU_OVERRIDE) == {"quant ue8m0": True, "quant fp8e4m3": True, "gather": True}

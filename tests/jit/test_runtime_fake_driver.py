@@ -1,0 +1,179 @@
+"""runtime.load, the kernel handle's launch and its context handling against a fake CUDA
+driver, so the load and launch paths run in CI without a GPU: NVRTC and the disk cache are real."""
+import ctypes
+
+import pytest
+
+from nvrtc_gather.errors import CudaError
+from nvrtc_gather.jit import build, catalogue, cubin_cache, driver, runtime
+
+
+class FakeDriver:
+    """Records loads; refuses images listed in ``bad`` the way the real driver does (the
+    load itself succeeds, fetching a kernel fails)."""
+
+    def __init__(self):
+        self.loaded, self.bad, self.current, self.pushed = [], set(), 0, []
+        self.launches, self.fetch_ctx = [], []
+        self.grid, self.params = None, b""  # of the last launch
+        self.on_launch = None  # what the "kernel" does
+
+    def load_library(self, image):
+        self.loaded.append(image)
+        return len(self.loaded)
+
+    def unload_library(self, lib):
+        pass
+
+    def get_function(self, lib, name):
+        self.fetch_ctx.append(self.pushed[-1] if self.pushed else self.current)
+        if self.loaded[lib - 1] in self.bad:
+            raise CudaError("cuKernelGetFunction", 209, "CUDA_ERROR_NO_BINARY_FOR_GPU")
+        return 1000 * lib + len(name)
+
+    # the raw entry points the launcher and in_primary_context call
+    def ctx_get_current(self, ref):
+        ref._obj.value = self.current or None
+        return 0
+
+    def ctx_push(self, ctx):
+        self.pushed.append(ctx)
+        return 0
+
+    def ctx_pop(self, ref):
+        self.pushed.pop()
+        return 0
+
+    def launch_ex(self, cfg, fn, params, extra):
+        self.launches.append((self.pushed[-1] if self.pushed else self.current, fn))
+        self.grid = driver.LaunchConfig.from_address(cfg).gridDimX
+        # params: the address of a void*[1] pointing at the packed struct; keep its head
+        self.params = ctypes.string_at(ctypes.c_void_p.from_address(params).value, 256)
+        if self.on_launch:
+            self.on_launch()
+        return 0
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    f = FakeDriver()
+    monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", str(tmp_path))
+    for name in ("load_library", "unload_library", "get_function"):
+        monkeypatch.setattr(driver, name, getattr(f, name))
+    monkeypatch.setattr(driver, "capability", lambda device: 90)
+    monkeypatch.setattr(driver, "primary_context", lambda device: 7 + device)
+    monkeypatch.setattr(driver, "raw", lambda: f)
+    monkeypatch.setattr(runtime, "_libraries", {})
+    monkeypatch.setattr(runtime, "_loaded", {})
+    return f
+
+
+def _forget_loaded(monkeypatch):
+    """What a fresh process knows: nothing in memory, the disk cache as it is."""
+    monkeypatch.setattr(runtime, "_libraries", {})
+    monkeypatch.setattr(runtime, "_loaded", {})
+
+
+def test_cold_then_warm_reads_the_cache_entry_once(fake, monkeypatch):
+    before = dict(build.stats)
+    fns = runtime.load(catalogue.GATHER, 0).functions
+    assert set(fns) == set(catalogue.GATHER.kernels) and len(fake.loaded) == 1
+    assert build.stats["compiles"] == before["compiles"] + 1
+
+    _forget_loaded(monkeypatch)
+    reads = []
+    real_get = cubin_cache.DiskCache.get
+    monkeypatch.setattr(cubin_cache.DiskCache, "get", lambda self, n, k: reads.append(n) or real_get(self, n, k))
+    compiles = build.stats["compiles"]
+    runtime.load(catalogue.GATHER, 0)
+    assert build.stats["compiles"] == compiles
+    assert reads == [build.entry_name(catalogue.GATHER, build.compiler.Target("sm_90"))]
+    assert fake.loaded[1] == fake.loaded[0]
+
+
+def test_cached_image_the_driver_refuses_is_recompiled_and_replaced(fake, monkeypatch):
+    runtime.load(catalogue.GATHER, 0)
+    target = build.compiler.Target("sm_90")
+    key = build.cache_key(catalogue.GATHER, target)
+    disk = cubin_cache.current()
+    good = disk.get(build.entry_name(catalogue.GATHER, target), key)
+    # An intact entry (right key, right checksum) holding code the driver will not take.
+    disk.put(build.entry_name(catalogue.GATHER, target), key, b"\x7fELF not really a cubin")
+    fake.bad.add(b"\x7fELF not really a cubin")
+    _forget_loaded(monkeypatch)
+    compiles = build.stats["compiles"]
+    fns = runtime.load(catalogue.GATHER, 0).functions
+    assert build.stats["compiles"] == compiles + 1 and set(fns) == set(catalogue.GATHER.kernels)
+    assert disk.get(build.entry_name(catalogue.GATHER, target), key) == good
+
+
+def test_launch_pushes_the_primary_context_only_when_another_is_current(fake):
+    on0, on1 = runtime.load(catalogue.GATHER, 0), runtime.load(catalogue.GATHER, 1)
+    entry = catalogue.GATHER.kernels[0]
+    values = (0,) * (len(catalogue.GATHER_PARAMS.fields) - 1)
+    fake.current = 7  # device 0's primary context is current
+    on0.launch(entry, 3, values, 0)
+    fake.current = 7  # tensors on device 1 while device 0 is current
+    on1.launch(entry, 3, values, 0)
+    fake.current = 0  # a thread where no context is current
+    on0.launch(entry, 3, values, 0)
+    assert fake.launches == [(7, on0.functions[entry]), (8, on1.functions[entry]), (7, on0.functions[entry])]
+    assert fake.pushed == []  # every push popped
+
+
+def test_kernels_are_fetched_in_the_devices_primary_context(fake):
+    fake.current = 7  # device 0's context is current; the kernels are wanted on device 1
+    runtime.load(catalogue.GATHER, 1)
+    assert fake.fetch_ctx == [8] * len(catalogue.GATHER.kernels) and fake.pushed == []
+
+
+def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
+    """The ops' CUDA branch (kernel choice, grid, parameter packing, launch, debug-mode error
+    buffer) with the plan of CPU tensors relabelled as device 0 and the fake driver underneath."""
+    import random
+
+    import torch
+
+    from nvrtc_gather.ops import gather
+    from nvrtc_gather.ops import indexer_k_quant
+    from helpers.reference import make_gather_case, make_quant_case
+
+    fake.current = 7
+    c = make_gather_case(random.Random(1), block_size=16, head_dim=128, quant_block_size=64, batch=5,
+                         strided=False)
+    plan = gather.plan_gather(*c.args())._replace(device=0, tokens_per_cta=8)
+    monkeypatch.setattr(gather, "plan_gather", lambda *a: plan)
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    gather.cp_gather_indexer_k_quant_cache(*c.args())
+    name, grid, values = gather.launch_config(plan)
+    layout = catalogue.GATHER_PARAMS.layout
+    assert fake.launches[-1] == (7, runtime.load(catalogue.GATHER, 0).functions[name])
+    assert (fake.grid, fake.params[:layout.size]) == (grid, layout.pack(*values, 0))
+
+    q = make_quant_case(random.Random(2), head_dim=128, quant_block_size=64, block_size=16,
+                        dtype=torch.bfloat16, scale_fmt="ue8m0", num_tokens=20)
+    qplan = indexer_k_quant.plan_quant(*q.args())._replace(device=0)
+    monkeypatch.setattr(indexer_k_quant, "plan_quant", lambda *a: qplan)
+    indexer_k_quant.indexer_k_quant_and_cache(*q.args())
+    name, grid, qvalues = indexer_k_quant.launch_config(qplan, torch.bfloat16)
+    qlayout = catalogue.QUANT_PARAMS.layout
+    assert fake.launches[-1] == (7, runtime.load(catalogue.QUANT, 0).functions[name])
+    assert (fake.grid, fake.params[:qlayout.size]) == (grid, qlayout.pack(*qvalues, 0))
+
+    # Debug mode: the error buffer's address goes into the struct, and an error the kernel
+    # records there is raised.
+    err = torch.zeros(4, dtype=torch.int64)
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    monkeypatch.setattr(runtime, "error_buffer", lambda device: err)
+    fake.on_launch = lambda: err.copy_(torch.tensor([3, 21, 2, 10 ** 6]))
+    with pytest.raises(ValueError, match="row 21 .request 2. maps to physical block 1000000"):
+        gather.cp_gather_indexer_k_quant_cache(*c.args())
+    assert fake.params[:layout.size] == layout.pack(*values, err.data_ptr())
+    err.zero_()
+    fake.on_launch = lambda: err.copy_(torch.tensor([7, 5, 99999, 640]))
+    with pytest.raises(ValueError, match="slot_mapping: entry 5 = 99999"):
+        indexer_k_quant.indexer_k_quant_and_cache(*q.args())
+    assert fake.params[:qlayout.size] == qlayout.pack(*qvalues, err.data_ptr())
+    err.zero_()
+    fake.on_launch = None
+    gather.cp_gather_indexer_k_quant_cache(*c.args())  # nothing recorded: no error
