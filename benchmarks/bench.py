@@ -1,16 +1,22 @@
-"""Side-by-side benchmark of the gather (scripts/bench.py, ``nvrtc-gather bench``).
+"""Side-by-side benchmark of the gather: ``python benchmarks/bench.py OUT_DIR`` on a GPU machine
+(with nvrtc_gather importable: installed, or PYTHONPATH=. from a checkout).
 
 For each DeepSeek-V3.2-shaped workload: the op, a contiguous device copy of the same
 bytes (the ceiling), a linear-scan baseline kernel (vLLM's approach), the vectorized
 torch path and a per-request Python loop. Every implementation is checked bit-exact
 against the torch path before it is timed. Timing: warm-up, L2 flushed before every
 run, CUDA-event medians. Also: host cost per call, first call on a warm cache in a
-fresh process, cold compile. Writes a table, JSON and a PNG chart."""
+fresh process, cold compile. Writes a table, JSON and (with matplotlib) a PNG chart.
+
+It reaches the package only through its public ops and two documented hooks: the ops'
+``prepared(..., module=, tokens_per_cta=)`` (run a call as the op does, with another build
+or rows-per-block choice) and ``jit.runtime.load`` (load any KernelModule, here the
+linear-scan baseline whose source lives beside this file)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
+import dataclasses
 import datetime
 import json
 import math
@@ -26,10 +32,18 @@ from pathlib import Path
 
 import torch
 
-from . import cache_layout, compiler, driver, gather, launcher, registry
-from .gather_torch import gather_torch
-from .kernels import BASELINE_LINEAR_SCAN, BENCH_GATHER_VARIANTS, GATHER, THREADS_PER_BLOCK, KernelModule
-from .streams import current_stream
+from nvrtc_gather.jit import build, compiler, driver, runtime
+from nvrtc_gather.jit.catalogue import GATHER, GATHER_PARAMS, THREADS_PER_BLOCK
+from nvrtc_gather.ops import gather, paged_layout
+from nvrtc_gather.ops.gather_torch import gather_torch
+
+HERE = Path(__file__).resolve().parent
+# vLLM's approach (a linear scan of cu_seq_lens per block), same parameters as the gather.
+BASELINE_LINEAR_SCAN = dataclasses.replace(GATHER, name="baseline_linear_scan", source="baseline_linear_scan.cu",
+                                           kernels=("baseline_linear_scan",), source_dir=str(HERE))
+# The op's own build under another name: timing it beside the op measures the noise.
+GATHER_CONTROL = dataclasses.replace(GATHER, name="gather_indexer_k_control")
+GATHER_VARIANTS = (GATHER_CONTROL,)
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 NQ = HEAD_DIM // QBS
@@ -92,7 +106,7 @@ def _torch_path(w: Workload, k, s):
 
 def _loop_path(w: Workload, k, s):
     """Per-request Python loop, the way engines first wrote it."""
-    kv_k, kv_s = cache_layout.views(w.kv, w.kv.size(0), BLOCK_SIZE, w.kv.stride(0), HEAD_DIM, NQ)
+    kv_k, kv_s = paged_layout.views(w.kv, w.kv.size(0), BLOCK_SIZE, w.kv.stride(0), HEAD_DIM, NQ)
     k8 = k.view(torch.uint8)
     for r, n in enumerate(w.lens):
         if n == 0:
@@ -105,24 +119,11 @@ def _loop_path(w: Workload, k, s):
 
 def _baseline(w: Workload, k, s):
     dev = torch.cuda.current_device()
-    fn = registry.functions(BASELINE_LINEAR_SCAN, dev)["baseline_linear_scan"]
+    stream = runtime.current_stream(dev)
     p = gather.plan_gather(w.kv, k, s, w.block_table, w.cu)
     per = THREADS_PER_BLOCK // 32
-    launcher.launch(dev, fn, (p.num_tokens + per - 1) // per, current_stream(dev), gather.PARAMS, p[2:] + (0,))
-
-
-def gather_variant_launcher(module: KernelModule, kv, k, s, block_table, cu):
-    """A no-argument function that runs ``module``'s gather kernel (a benchmark build of
-    GATHER) for this call exactly as the op runs GATHER's: same plan, grid and launcher."""
-    p = gather.plan_gather(kv, k, s, block_table, cu)
-    stream = current_stream(p.device)
-    name, grid, values = gather.launch_config(p)
-    fn = registry.functions(module, p.device, stream)[name]
-
-    def run(_keep=(kv, k, s, block_table, cu)):  # the tensors live as long as the function
-        if grid and p.batch:  # as the op: nothing to launch for an empty call
-            launcher.launch(p.device, fn, grid, stream, gather.PARAMS, values)
-    return run
+    runtime.load(BASELINE_LINEAR_SCAN, dev, stream).launch("baseline_linear_scan", (p.num_tokens + per - 1) // per,
+                                                          p[2:], stream)
 
 
 def l2_bytes() -> int:
@@ -185,7 +186,7 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
         if batch <= loop_max_batch:
             impls["loop"] = lambda k, s: _loop_path(w, k, s)
         for m in variants:
-            impls[m.name] = lambda k, s, m=m: gather_variant_launcher(m, w.kv, k, s, w.block_table, w.cu)()
+            impls[m.name] = lambda k, s, m=m: gather.prepared(w.kv, k, s, w.block_table, w.cu, module=m)()
         row = {"workload": w.name, "requests": batch, "tokens": w.tokens, "bytes": w.bytes_moved}
         outs = {}
         for name, impl in impls.items():
@@ -203,7 +204,7 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
         k, s = outs["op"]
         fast = {"op": lambda: impls["op"](k, s), "baseline": lambda: impls["baseline"](k, s),
                 "copy": lambda: dst.copy_(src)}
-        fast.update({m.name: gather_variant_launcher(m, w.kv, k, s, w.block_table, w.cu) for m in variants})
+        fast.update({m.name: gather.prepared(w.kv, k, s, w.block_table, w.cu, module=m) for m in variants})
         for name, us in time_interleaved(fast, flush, n).items():
             row[f"{name}_us"] = us
         for name in impls.keys() - fast.keys():
@@ -219,20 +220,6 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
     return rows
 
 
-@contextlib.contextmanager
-def rows_per_block(tpc: int | None):
-    """Inside, every gather plan (the op's or a benchmark build's) uses ``tpc`` rows per
-    thread block instead of gather.tokens_per_cta's rule (None: the rule). plan_gather
-    looks the rule up by name on every call."""
-    rule = gather.tokens_per_cta
-    if tpc is not None:
-        gather.tokens_per_cta = lambda head_dim, num_tokens, sm_count: tpc
-    try:
-        yield
-    finally:
-        gather.tokens_per_cta = rule
-
-
 def sweep_tokens_per_cta(values: list[int], reps: int, variants: tuple = ()) -> list[dict]:
     """Op time per workload for several tokens-per-block settings (a runtime parameter),
     and that of each benchmark build in ``variants`` (keys "<tpc>" and "<name> <tpc>")."""
@@ -242,12 +229,11 @@ def sweep_tokens_per_cta(values: list[int], reps: int, variants: tuple = ()) -> 
         w = Workload(batch, mean, l2, seed=batch * 7 + mean)
         k, s = w.outputs()
         row = {"workload": w.name}
+        args = (w.kv, k, s, w.block_table, w.cu)
         for tpc in values:
-            with rows_per_block(tpc):
-                fns = {str(tpc): lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)}
-                fns.update({f"{m.name} {tpc}": gather_variant_launcher(m, w.kv, k, s, w.block_table, w.cu)
-                            for m in variants})
-                row.update(time_interleaved(fns, flush, reps))
+            fns = {str(tpc): gather.prepared(*args, tokens_per_cta=tpc)}
+            fns.update({f"{m.name} {tpc}": gather.prepared(*args, module=m, tokens_per_cta=tpc) for m in variants})
+            row.update(time_interleaved(fns, flush, reps))
         out.append(row)
         print(f"{w.name:>12} " + " ".join(f"{v:8.1f}" for key, v in row.items() if key != "workload"), flush=True)
     return out
@@ -289,11 +275,17 @@ def host_cost(calls: int = 10000) -> dict:
 
     dev = torch.cuda.current_device()
     name, grid, values = gather.launch_config(plan(*args))
-    fn = registry.functions(GATHER, dev)[name]
-    stream = current_stream(dev)
+    stream = runtime.current_stream(dev)
+    kernels = runtime.load(GATHER, dev, stream)
+    fn = kernels.functions[name]
+    # The raw driver calls, on a parameter buffer of our own, for the floor of a launch.
     raw = driver.raw()
-    buf, params, _cfg, _cfg_addr, cur, cur_ref, _ = launcher._thread_state()
-    launch = launcher.launch
+    layout = GATHER_PARAMS.layout
+    buf = ctypes.create_string_buffer(layout.size)
+    layout.pack_into(buf, 0, *values, 0)
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    cur = ctypes.c_void_p()
+    cur_ref = ctypes.byref(cur)
     cfg = driver.LaunchConfig(grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, None, 0)
     cfg_addr = ctypes.addressof(cfg)
     out = {
@@ -301,12 +293,12 @@ def host_cost(calls: int = 10000) -> dict:
         "custom_op_us": per_call(torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache, *args),
         "validation_only_us": per_call(plan, *args),
         "metadata_reads_us": per_call(_metadata_reads, *args),
-        "current_stream_us": per_call(current_stream, dev),
-        "launcher_us": per_call(launch, dev, fn, grid, stream, gather.PARAMS, values),
+        "current_stream_us": per_call(runtime.current_stream, dev),
+        "kernel_handle_launch_us": per_call(kernels.launch, name, grid, values, stream),
         "raw_cuLaunchKernel_us": per_call(raw.launch, fn, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, params, None),
         "raw_cuLaunchKernelEx_us": per_call(raw.launch_ex, cfg_addr, fn, params, None),
         "cuCtxGetCurrent_us": per_call(raw.ctx_get_current, cur_ref),
-        "pack_us": per_call(gather.PARAMS.pack_into, buf, 0, *values),
+        "pack_us": per_call(layout.pack_into, buf, 0, *values, 0),
         "torch_copy_us": per_call(a.copy_, b),
         "calls": calls,
     }
@@ -321,7 +313,7 @@ _FIRST_CALL = r"""
 import time, torch
 t0 = time.perf_counter()
 import nvrtc_gather as ng
-from nvrtc_gather import registry
+from nvrtc_gather.jit import build
 kv = torch.randint(0, 256, (64, 64, 132), dtype=torch.uint8, device="cuda")
 k = torch.empty(1000, 128, dtype=torch.uint8, device="cuda"); s = torch.empty(1000, 4, dtype=torch.uint8, device="cuda")
 bt = torch.arange(16, dtype=torch.int32, device="cuda").view(1, 16); cu = torch.tensor([0, 1000], dtype=torch.int32, device="cuda")
@@ -335,7 +327,7 @@ t2 = time.perf_counter()
 if PROFILE:
     pr.disable(); out = io.StringIO(); pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(14)
     print("\n".join(l for l in out.getvalue().splitlines() if l.strip())[-3000:])
-print((t2 - t1) * 1000, registry.stats["compiles"])
+print((t2 - t1) * 1000, build.stats["compiles"])
 """
 
 
@@ -354,7 +346,7 @@ def first_calls() -> dict:
                 out.append((float(ms), int(compiles)))
     target = compiler.pick_target(driver.capability(0))
     t = time.perf_counter()
-    compiler.compile_module(gather.GATHER, target)
+    compiler.compile_module(GATHER, target)
     compile_ms = (time.perf_counter() - t) * 1000
     return {"cold_first_call_ms": out[0][0], "cold_compiles": out[0][1],
             "warm_first_call_ms": min(o[0] for o in out[1:]), "warm_compiles": out[1][1],
@@ -412,8 +404,12 @@ def environment() -> dict:
     }
 
 
-def chart(rows: list[dict], path: Path) -> None:
-    import matplotlib
+def chart(rows: list[dict], path: Path) -> bool:
+    """The PNG chart; False (nothing written) without matplotlib (the `bench` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -430,10 +426,11 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return True
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="nvrtc-gather bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="benchmarks/bench.py", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="folder for bench.json and bench.png")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--loop-max-batch", type=int, default=1024, help="skip the per-request loop above this batch")
@@ -441,24 +438,24 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-quant", action="store_true", help="skip the write-op (indexer_k_quant_and_cache) table")
     ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
     ap.add_argument("--gather-variants", action="store_true",
-                    help="also check and time the benchmark builds of the gather kernel (kernels.BENCH_GATHER_VARIANTS)")
+                    help="also check and time the benchmark builds of the gather kernel (GATHER_VARIANTS)")
     ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("nvrtc-gather bench: no CUDA GPU visible; the benchmark needs one.", file=sys.stderr)
+        print("benchmarks/bench.py: no CUDA GPU visible; the benchmark needs one.", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
     print(env)
     print(HEADER)
-    rows = bench_workloads(args.reps, args.loop_max_batch, BENCH_GATHER_VARIANTS if args.gather_variants else ())
+    rows = bench_workloads(args.reps, args.loop_max_batch, GATHER_VARIANTS if args.gather_variants else ())
     host = host_cost()
     print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us, torch copy_ "
           f"{host['torch_copy_us']:.2f} us; parts: " + ", ".join(
               f"{k[:-3]} {v:.2f}" for k, v in host.items() if k.endswith("_us") and k not in ("op_us", "torch_copy_us", "op_first_us")))
     quant = []
     if not args.skip_quant:
-        from .bench_quant import bench_quant
+        from bench_quant import bench_quant
         print(f"{'write op':>36} {'tokens':>9} {'copy us':>10} {'op us':>10} {'op/cp':>7}")
         quant = bench_quant(args.reps, flush_buffer(), time_gpu)
         for r in quant:
@@ -467,7 +464,7 @@ def main(argv=None) -> int:
     sweep = []
     if args.sweep_tpc:
         values = [int(x) for x in args.sweep_tpc.split(",")]
-        variants = BENCH_GATHER_VARIANTS if args.gather_variants else ()
+        variants = GATHER_VARIANTS if args.gather_variants else ()
         print(f"op us by tokens per block ({', '.join(m.name for m in variants) or 'no variants'} after the op, "
               f"for each of {values}):")
         sweep = sweep_tokens_per_cta(values, args.reps, variants)
@@ -483,8 +480,11 @@ def main(argv=None) -> int:
         result["tag"] = args.tag
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
     (args.out / "bench.md").write_text(markdown(result))
-    chart(rows, args.out / "bench.png")
-    print(f"wrote {args.out / 'bench.json'}, bench.md and bench.png")
+    if chart(rows, args.out / "bench.png"):
+        print(f"wrote {args.out / 'bench.json'}, bench.md and bench.png")
+    else:
+        print(f"wrote {args.out / 'bench.json'} and bench.md; the chart (bench.png) needs matplotlib: "
+              "pip install 'nvrtc-gather[bench]' (or pip install matplotlib)")
     return 0
 
 

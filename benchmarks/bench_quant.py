@@ -5,18 +5,14 @@ quant block 128, block_size 64; 256 bytes read and 132 written per token).
 "scattered": every token's slot is random over a cache several times the L2 (the worst
 case for the writes); "paged": shuffled blocks filled in order, as an engine's prefill does.
 The op is checked bit-exact against the torch path (on the GPU) before it is timed.
-
-On the large scattered workloads the benchmark-only builds of the kernels
-(kernels.BENCH_QUANT_VARIANTS: other passes per block, one vector per lane, the integer fp8
-encoder) are checked and timed too, through the same compile, cache and launch path, as
-extra rows named like "quant 1048576 scattered ue8m0 [u8]"."""
+(Earlier builds with other passes per block or lane widths, and what they measured, are in
+benchmarks/NOTES.md; the kernel source no longer has those knobs.)"""
 from __future__ import annotations
 
 import torch
 
-from . import kernels, launcher, quant_cache, registry
-from .quant_torch import quant_torch
-from .streams import current_stream
+from nvrtc_gather.ops import indexer_k_quant
+from nvrtc_gather.ops.indexer_k_quant_torch import quant_torch
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 CACHE_STRIDE = HEAD_DIM + 4 * (HEAD_DIM // QBS)  # 132
@@ -26,33 +22,6 @@ WORKLOADS = [  # (tokens, slot pattern, scale_fmt)
     (1 << 20, "scattered", "ue8m0"), (1 << 20, "scattered", "fp8_e4m3"),
     (16384, "paged", "ue8m0"), (131072, "paged", "ue8m0"), (1 << 20, "paged", "ue8m0"), (1 << 20, "paged", "fp8_e4m3"),
 ]
-# Workloads on which every variant is timed as well.
-VARIANT_WORKLOADS = {(131072, "paged", "ue8m0"), (1 << 20, "scattered", "ue8m0"),
-                     (1 << 20, "scattered", "fp8_e4m3")}
-
-
-def variant_unroll(module: kernels.KernelModule) -> int:
-    """The NG_QUNROLL a quant module was built with (the grid depends on it)."""
-    for opt in module.options:
-        if opt.startswith("-DNG_QUNROLL="):
-            return int(opt.split("=", 1)[1])
-    return quant_cache.UNROLL
-
-
-def variant_launcher(module: kernels.KernelModule, k, kv_cache, slot_mapping, quant_block_size, scale_fmt):
-    """A no-argument function that runs ``module``'s kernel for this call exactly as the op
-    runs QUANT's (same plan, parameters and launcher; CUDA tensors, num_tokens > 0)."""
-    plan = quant_cache.plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
-    dev = plan.device
-    stream = current_stream(dev)
-    name, grid, values = quant_cache.launch_config(plan, k.dtype, 0, unroll=variant_unroll(module))
-    fn = registry.functions(module, dev, stream)[name]
-
-    def run(_keep=(k, kv_cache, slot_mapping)):  # the tensors live as long as the function
-        launcher.launch(dev, fn, grid, stream, quant_cache.PARAMS, values)
-    return run
-
-
 def _slots(tokens: int, num_blocks: int, pattern: str, gen: torch.Generator) -> torch.Tensor:
     if pattern == "scattered":
         return torch.randperm(num_blocks * BLOCK_SIZE, device="cuda", generator=gen)[:tokens]
@@ -61,12 +30,8 @@ def _slots(tokens: int, num_blocks: int, pattern: str, gen: torch.Generator) -> 
     return blocks[i // BLOCK_SIZE] * BLOCK_SIZE + i % BLOCK_SIZE
 
 
-def _tag(module: kernels.KernelModule) -> str:
-    return module.name.removeprefix("quant_cache_")
-
-
 def bench_quant(reps: int, flush: torch.Tensor, time_gpu) -> list[dict]:
-    """One row per workload and per (variant, variant workload): workload, tokens, bytes
+    """One row per workload: workload, tokens, bytes
     (read + written), op_us, copy_us, op_over_copy. ``time_gpu(fn, flush, reps)`` returns the
     median µs of ``fn``, L2 flushed."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -80,40 +45,23 @@ def bench_quant(reps: int, flush: torch.Tensor, time_gpu) -> list[dict]:
                            generator=gen)
         slots = _slots(tokens, num_blocks, pattern, gen)
         k = torch.randn(tokens, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
-        variants = kernels.BENCH_QUANT_VARIANTS if (tokens, pattern, fmt) in VARIANT_WORKLOADS else ()
-
-        start = kv.clone() if variants else None
         want = kv.clone()
-        quant_torch(quant_cache.plan_quant(k, want, slots, QBS, fmt), k, want, slots)
-        quant_cache.indexer_k_quant_and_cache(k, kv, slots, QBS, fmt)
+        quant_torch(indexer_k_quant.plan_quant(k, want, slots, QBS, fmt), k, want, slots)
+        indexer_k_quant.indexer_k_quant_and_cache(k, kv, slots, QBS, fmt)
         torch.cuda.synchronize()
         if not torch.equal(kv, want):
             raise AssertionError(f"indexer_k_quant_and_cache is not bit-exact against the torch path on "
                                  f"{tokens} tokens ({pattern}, {fmt})")
-        runs = {}
-        for m in variants:
-            kv.copy_(start)
-            run = variant_launcher(m, k, kv, slots, QBS, fmt)
-            run()
-            torch.cuda.synchronize()
-            if not torch.equal(kv, want):
-                raise AssertionError(f"benchmark variant {m.name} is not bit-exact against the torch path on "
-                                     f"{tokens} tokens ({pattern}, {fmt})")
-            runs[m] = run
-        start = want = None
+        want = None
 
         moved = tokens * (HEAD_DIM * k.element_size() + CACHE_STRIDE)
-        op_us = time_gpu(lambda: quant_cache.indexer_k_quant_and_cache(k, kv, slots, QBS, fmt), flush, reps)
+        op_us = time_gpu(lambda: indexer_k_quant.indexer_k_quant_and_cache(k, kv, slots, QBS, fmt), flush, reps)
         src = torch.randint(0, 256, (moved // 2,), dtype=torch.uint8, device="cuda", generator=gen)
         dst = torch.empty_like(src)
         copy_us = time_gpu(lambda: dst.copy_(src), flush, reps)  # reads and writes moved / 2 bytes
         name = f"quant {tokens} {pattern} {fmt}"
         rows.append({"workload": name, "tokens": tokens, "bytes": moved,
                      "op_us": op_us, "copy_us": copy_us, "op_over_copy": op_us / copy_us})
-        for m, run in runs.items():
-            us = time_gpu(run, flush, reps)
-            rows.append({"workload": f"{name} [{_tag(m)}]", "tokens": tokens, "bytes": moved,
-                         "op_us": us, "copy_us": copy_us, "op_over_copy": us / copy_us})
-        kv = slots = k = src = dst = runs = None  # free this workload before the next
+        kv = slots = k = src = dst = None  # free this workload before the next
         torch.cuda.empty_cache()
     return rows

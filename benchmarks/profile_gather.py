@@ -3,8 +3,8 @@ flushes the caches before each kernel and reads the GPU's own timer: no event or
 overhead in the number, so differences of a few hundred nanoseconds show.
 
     ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \\
-        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run [BxM ...] > ncu.csv
-    python3 scripts/profile_gather.py report ncu.csv [BxM ...]
+        --kernel-name regex:'gather_indexer|baseline' python3 benchmarks/profile_gather.py run [BxM ...] > ncu.csv
+    python3 benchmarks/profile_gather.py report ncu.csv [BxM ...]
 
 `run` launches, per workload, every configuration REPS times in a fixed order;
 `report` groups ncu's rows back by that order and prints medians."""
@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py beside it
 
 WORKLOADS = [(1, 131072), (64, 2048), (4, 32768), (1, 70000), (1, 40000), (8, 131072), (4096, 64), (1, 1000),
              (8, 100)]
@@ -23,30 +23,29 @@ REPS = 15
 def configs():
     """(label, benchmark build or None for the op, rows per block or None for the op's rule;
     at head_dim 128, 256 rows run the wide kernels)."""
-    from nvrtc_gather import kernels
-    out = [("op", None, None)] + [(m.name.replace("gather_indexer_k_", ""), m, None)
-                                   for m in kernels.BENCH_GATHER_VARIANTS]
+    import bench
+    out = [("op", None, None)] + [(m.name.replace("gather_indexer_k_", ""), m, None) for m in bench.GATHER_VARIANTS]
     out += [("op, 16K blocks", None, 128), ("op, 32K wide", None, 256), ("linear scan", "baseline", None)]
     return out
 
 
 def run(workloads) -> None:
     import torch
-    from nvrtc_gather import bench, gather
+
+    import bench
+    from nvrtc_gather.ops import gather
     l2 = bench.l2_bytes()
     for batch, mean in workloads:
         w = bench.Workload(batch, mean, l2, seed=batch * 7 + mean)
         k, s = w.outputs()
+        args = (w.kv, k, s, w.block_table, w.cu)
         for label, module, tpc in configs():
-            with bench.rows_per_block(tpc):
-                if module is None:
-                    fn = lambda: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu)  # noqa: E731
-                elif module == "baseline":
-                    fn = lambda: bench._baseline(w, k, s)  # noqa: E731
-                else:
-                    fn = bench.gather_variant_launcher(module, w.kv, k, s, w.block_table, w.cu)
-                for _ in range(REPS):
-                    fn()
+            if module == "baseline":
+                fn = lambda: bench._baseline(w, k, s)  # noqa: E731
+            else:
+                fn = gather.prepared(*args, module=module or gather.GATHER, tokens_per_cta=tpc)
+            for _ in range(REPS):
+                fn()
         torch.cuda.synchronize()
         print(f"{w.name}: {len(configs())} configurations x {REPS}", file=sys.stderr)
 

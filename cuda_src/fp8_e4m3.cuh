@@ -3,13 +3,13 @@
 //
 // ng_fp8e4m3_from_f32: integer code plus one IEEE float add, branch-free, so it runs on every
 // arch and the same text compiles on the host, where the tests check it against torch
-// (tests/test_quant_cpu.py). Self-contained: no other header, no standard library.
+// (tests/ops/test_indexer_k_quant_cpu.py). Self-contained: no other header, no standard library.
 //
 // ng_fp8e4m3x2_from_f32: two values. On sm_89+ one hardware instruction,
 // cvt.rn.satfinite.e4m3x2.f32: round to nearest even, finite overflow and inf to +-448, the
 // same bytes as the integer code for every input but NaN, for which the PTX ISA promises a
 // NaN only (the sign may differ from the integer code's 0x7f | sign; the quant kernels feed
-// it only the GPU's canonical, positive NaN, and tests/test_quant_gpu.py checks the byte
+// it only the GPU's canonical, positive NaN, and tests/gpu/test_quant_gpu.py checks the byte
 // where torch's is known). Elsewhere, or with NG_SOFT_FP8=1 (so the integer code can be run
 // and tested on any GPU), two calls of the integer code.
 #pragma once

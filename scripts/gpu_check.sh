@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU in one go (one device call): the test suite, the GPU
 # tests again under compute-sanitizer memcheck, and the benchmark.
-#   scripts/gpu_check.sh [tests] [quick] [memcheck] [racecheck] [resources] [bench] [PATH ...]
-#   (default: tests memcheck bench; quick = the GPU tests without the slow ones;
+#   scripts/gpu_check.sh [tests] [quick] [gpu] [memcheck] [racecheck] [resources] [bench] [PATH ...]
+#   (default: tests memcheck bench; quick = the GPU tests without the slow ones; gpu = tests/gpu
+#   and tests/integrations, slow ones included;
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
-#   profile = the gather builds' kernel durations under Nsight Compute (scripts/profile_gather.py);
+#   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/profile_gather.py);
 #   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark,
 #   PROFILE_ARGS workloads (BATCHxMEAN ...) to the profile)
 # Logs and results go to $OUT (the device tool's output folder) or ./out.
@@ -23,27 +24,30 @@ for stage in $stages; do
       python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25 || status=1 ;;
     quick)
       python3 -m pytest -q -rs -p no:cacheprovider -m "gpu and not slow" tests 2>&1 | tee "$OUT/quick.log" | tail -25 || status=1 ;;
+    gpu)
+      python3 -m pytest -q -rs -p no:cacheprovider tests/gpu tests/integrations 2>&1 | tee "$OUT/gpu.log" | tail -25 || status=1 ;;
     memcheck)
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/test_gather_gpu.py tests/test_quant_gpu.py -k "not second_process" 2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1 ;;
+        tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py tests/gpu/test_index_extremes_gpu.py -k "not second_process" 2>&1 \
+        | tee "$OUT/memcheck.log" | tail -8 || status=1 ;;
     racecheck)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/test_gather_gpu.py tests/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1 ;;
+        tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1 ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "
-from nvrtc_gather import compiler, driver, kernels
+from nvrtc_gather.jit import catalogue, compiler, driver
 t = compiler.pick_target(driver.capability(0))
-for m in kernels.ALL_MODULES + kernels.BENCH_MODULES:
+for m in catalogue.ALL_MODULES:
     open(f'$OUT/cubins/{m.name}.{t.arch}.cubin', 'wb').write(compiler.compile_module(m, t).image)
 " && for f in "$OUT"/cubins/*.cubin; do echo "$(basename "$f")"; cuobjdump --dump-resource-usage "$f" | grep -E "Function|REG"; done \
         2>&1 | tee "$OUT/resources.log" | grep -E "cubin|gather" -A1 | head -60 || status=1 ;;
     profile)
       ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \
-        --kernel-name regex:'gather_indexer|baseline' python3 scripts/profile_gather.py run ${PROFILE_ARGS:-} > "$OUT/ncu.csv" \
-        && python3 scripts/profile_gather.py report "$OUT/ncu.csv" ${PROFILE_ARGS:-} | tee "$OUT/profile.log" || status=1 ;;
+        --kernel-name regex:'gather_indexer|baseline' python3 benchmarks/profile_gather.py run ${PROFILE_ARGS:-} > "$OUT/ncu.csv" \
+        && python3 benchmarks/profile_gather.py report "$OUT/ncu.csv" ${PROFILE_ARGS:-} | tee "$OUT/profile.log" || status=1 ;;
     bench)
-      python3 scripts/bench.py "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+      python3 benchmarks/bench.py "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     *) python3 -m pytest -q -rs $stage 2>&1 | tail -25 || status=1 ;;
   esac
 done
