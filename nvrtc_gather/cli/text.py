@@ -2,8 +2,10 @@
 bar. No dependency beyond the standard library."""
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Sequence, TextIO
+from contextlib import contextmanager
+from typing import Iterator, Sequence, TextIO
 
 
 def human_size(n: int) -> str:
@@ -52,3 +54,24 @@ class Progress:
         if self.tty:
             self.out.write("\r" + " " * self._last + "\r")
             self.out.flush()
+
+
+@contextmanager
+def collected_warnings() -> Iterator[list[str]]:
+    """The package's WARNING log records (e.g. a cache falling back to memory) collected
+    instead of printed, so a command can print them after its own output, once each."""
+    logger = logging.getLogger("nvrtc_gather")
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler, propagate = _Collect(logging.WARNING), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate

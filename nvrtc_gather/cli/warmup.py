@@ -22,7 +22,6 @@ import os
 import re
 import sys
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from .. import settings
 from ..errors import MissingDependencyError
 from ..jit import build, catalogue, compiler
 from ..jit import cubin_cache as cache_mod
-from .text import Progress, human_size, table
+from .text import Progress, collected_warnings, human_size, table
 
 _ARCH = re.compile(r"^(?:(sm|compute)_?(\d{2,3})([af]?)|(\d{1,2})\.(\d)([af]?)|(\d{2,3})([af]?))$")
 
@@ -178,8 +177,7 @@ def main(argv=None) -> int:
         return 2
 
     disk = cache_mod.DiskCache(directory)
-    with warnings.catch_warnings(record=True) as caught:  # the cache's warnings, printed plainly below
-        warnings.simplefilter("always")
+    with collected_warnings() as caught:  # the cache's warnings, printed plainly below
         if not disk.usable():
             sys.stderr.write(f"error: cannot use the cache directory {directory}: {disk.problem}\n")
             return 1
@@ -201,7 +199,7 @@ def main(argv=None) -> int:
     out.write(f"{len(rows)} entries: {n_compiled} compiled, {len(rows) - n_compiled - len(failed)} already cached, "
               f"{len(failed)} failed, in {wall:.1f} s\n")
     out.flush()  # the table first, then warnings and errors on stderr
-    for w in {str(w.message) for w in caught}:
+    for w in dict.fromkeys(caught):
         sys.stderr.write(f"warning: {w}\n")
     for r in failed:
         sys.stderr.write(f"FAILED {r.arch} {r.module}: {r.error}\n")

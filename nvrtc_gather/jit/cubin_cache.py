@@ -36,13 +36,15 @@ import struct
 import tempfile
 import threading
 import time
-import warnings
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from .. import settings
+
+log = logging.getLogger(__name__)
 
 SCHEMA = 1
 MAGIC = b"NVRTCGATHER\0"
@@ -240,13 +242,10 @@ class DiskCache:
             if self._warned:
                 return
             self._warned = True
-        warnings.warn(
-            f"nvrtc_gather: not using the kernel cache at {self.directory} ({why}); "
-            f"kernels are kept in memory only. Set {settings.CACHE_DIR_ENV} to a private "
-            f"writable directory, or {settings.DISABLE_CACHE_ENV}=1 to silence this.",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        log.warning(
+            "nvrtc_gather: not using the kernel cache at %s (%s); kernels are kept in memory only. Set %s to "
+            "a private writable directory, or %s=1 to silence this.",
+            self.directory, why, settings.CACHE_DIR_ENV, settings.DISABLE_CACHE_ENV)
 
     def usable(self) -> bool:
         """Create the directory (0700) if needed and check it is safe to trust (once)."""

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nvrtc_gather.jit import cubin_cache
-from nvrtc_gather.cli import cache as cli_cache
+from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, driver, runtime
+from nvrtc_gather.cli import cache as cli_cache, info, warmup
 from nvrtc_gather import cli
-from nvrtc_gather.jit import compiler
-from nvrtc_gather.jit import driver
-from nvrtc_gather.cli import info
-from nvrtc_gather.jit import catalogue
-from nvrtc_gather.jit import build, runtime
-from nvrtc_gather.cli import warmup
 from nvrtc_gather.errors import CompileError, MissingDependencyError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,7 @@ import pytest
 
 from nvrtc_gather import cli
 from nvrtc_gather.jit import compiler
-from nvrtc_gather.cli import demo
-from nvrtc_gather.cli import warmup
+from nvrtc_gather.cli import demo, warmup
 from nvrtc_gather._version import __version__
 
 

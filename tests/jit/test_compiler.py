@@ -4,8 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from nvrtc_gather.jit import compiler
-from nvrtc_gather.jit import catalogue
+from nvrtc_gather.jit import catalogue, compiler
 from nvrtc_gather.errors import CompileError, MissingDependencyError
 
 CI_ARCHS = (80, 86, 89, 90, 100, 120)

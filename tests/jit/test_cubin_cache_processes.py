@@ -13,10 +13,7 @@ import time
 
 import pytest
 
-from nvrtc_gather.jit import cubin_cache
-from nvrtc_gather.jit import compiler
-from nvrtc_gather.jit import catalogue
-from nvrtc_gather.jit import build, runtime
+from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, runtime
 
 ARCHS = ("sm_80", "sm_90")
 N_PROCS = 16

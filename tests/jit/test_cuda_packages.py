@@ -4,8 +4,7 @@ import re
 
 import pytest
 
-from nvrtc_gather.jit import compiler
-from nvrtc_gather.jit import cuda_packages
+from nvrtc_gather.jit import compiler, cuda_packages
 
 
 def fake_install(monkeypatch, **versions):

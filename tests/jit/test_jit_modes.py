@@ -4,10 +4,7 @@ import logging
 
 import pytest
 
-from nvrtc_gather.jit import cubin_cache
-from nvrtc_gather.jit import compiler
-from nvrtc_gather.jit import catalogue
-from nvrtc_gather.jit import build, runtime
+from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, runtime
 from nvrtc_gather.errors import JitDisabledError
 
 T90 = compiler.Target("sm_90")
