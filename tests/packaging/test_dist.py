@@ -1,0 +1,70 @@
+"""The distributions: the wheel holds the package and its CUDA sources, and nothing of the
+benchmarks or tests; the sdist holds what the tests need; a wheel installed on its own (not
+this checkout) imports, compiles a kernel from its shipped sources and answers the CLI.
+(.ci/run also installs the sdist into a fresh environment and runs the CPU suite from it.)"""
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode and "No module named build" in r.stderr:
+        pytest.fail("the `build` package is missing: it is in the test extra (pip install -e '.[test]')")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (wheel,), (sdist,) = out.glob("*.whl"), out.glob("*.tar.gz")
+    return wheel, sdist
+
+
+def test_wheel_ships_the_package_and_kernels_only(dists):
+    wheel, _ = dists
+    names = zipfile.ZipFile(wheel).namelist()
+    for need in ("nvrtc_gather/__init__.py", "nvrtc_gather/py.typed", "nvrtc_gather/ops/gather.py",
+                 "nvrtc_gather/jit/runtime.py", "nvrtc_gather/cli/__init__.py", "nvrtc_gather/integrations/vllm.py",
+                 "nvrtc_gather/cuda_src/gather_indexer_k.cu", "nvrtc_gather/cuda_src/common.cuh"):
+        assert need in names, need
+    assert not [n for n in names if n.startswith(("benchmarks/", "tests/")) or "bench" in n.split("/")[-1]], names
+    meta = "\n".join(zipfile.ZipFile(wheel).read(n).decode() for n in names
+                     if n.endswith(("METADATA", "entry_points.txt")))
+    assert "License-Expression: Apache-2.0" in meta and "Classifier: Operating System :: POSIX :: Linux" in meta
+    assert "Provides-Extra: cu12" in meta and "Provides-Extra: cu13" in meta
+    assert "nvrtc_gather = nvrtc_gather.integrations.vllm:plugin" in meta
+    assert any(n.endswith("licenses/LICENSE") for n in names)
+
+
+def test_sdist_holds_what_the_tests_need(dists):
+    _, sdist = dists
+    names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    for need in ("LICENSE", "README.md", "pyproject.toml", "cuda_src/gather_indexer_k.cu", "tests/conftest.py",
+                 "tests/helpers/reference.py", "tests/helpers/cuda_host_emu.cpp", "scripts/setup.sh",
+                 "docs/contract.md", "docs/architecture.md"):
+        assert need in names, need
+
+
+def test_installed_wheel_works_on_its_own(dists, tmp_path):
+    wheel, _ = dists
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, timeout=300)
+    code = ("import sys, nvrtc_gather, nvrtc_gather.cli as cli\n"
+            f"assert nvrtc_gather.__file__.startswith({str(target)!r}), nvrtc_gather.__file__\n"
+            "from nvrtc_gather.jit import catalogue, compiler, sources\n"
+            f"assert str(sources.source_dir()).startswith({str(target)!r})\n"
+            "img = compiler.compile_module(catalogue.GATHER, compiler.Target('sm_90')).image\n"
+            "assert img[:4] == b'\\x7fELF'\n"
+            "sys.exit(cli.main(['--version']))\n")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().startswith("nvrtc-gather ")
