@@ -231,6 +231,13 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table,
                                                                       cu_seq_lens)
+    try:
+        key = _layout_key(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+        known = _known.get(key)
+    except AttributeError:  # not tensors: plan_gather says which
+        key = known = None
+    if known is not None and _launch_known(known, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
+        return
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     device = plan.device
     if device < 0:
@@ -239,6 +246,63 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if plan.num_tokens == 0 or plan.batch == 0:
         return
     _launch(plan, GATHER)
+    if key is not None:
+        _remember(key, plan)
+
+
+# The fast path. plan_gather's checks depend on the tensors' metadata (device, dtype, shape,
+# strides) and on their data pointers; an engine calls the op layer after layer with the same
+# metadata and new pointers. So a layout that passed plan_gather is remembered under its
+# metadata with what the pointer-dependent part needs (byte extents, the constant bits of
+# the alignment, the launch values after the pointers); a later call with that metadata redoes
+# only the pointer checks (alignment, overlap) and launches. Anything those checks would
+# reject falls through to plan_gather, which raises. Bounded: cleared when full.
+_known: dict[tuple, tuple] = {}
+_KNOWN_MAX = 256
+
+
+def _layout_key(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> tuple:
+    """Everything plan_gather reads except the data pointers."""
+    return (kv_cache.device, kv_cache.dtype, kv_cache.shape, kv_cache.stride(),
+            dst_k.device, dst_k.dtype, dst_k.shape, dst_k.stride(),
+            dst_scale.device, dst_scale.dtype, dst_scale.shape, dst_scale.stride(),
+            block_table.device, block_table.dtype, block_table.shape, block_table.stride(),
+            cu_seq_lens.device, cu_seq_lens.dtype, cu_seq_lens.shape, cu_seq_lens.stride())
+
+
+def _remember(key: tuple, plan: GatherPlan) -> None:
+    """After plan_gather accepted a CUDA call with rows to copy and it was launched."""
+    if len(_known) >= _KNOWN_MAX:
+        _known.clear()
+    p = plan
+    kv_len = (p.num_blocks - 1) * p.block_stride + p.block_size * (key[2][2]) if p.num_blocks else 0
+    lengths = (kv_len, (p.num_tokens - 1) * p.dst_k_row_stride + p.head_dim,
+               (p.num_tokens - 1) * p.dst_scale_row_stride + 4 * p.scale_words,
+               4 * ((p.batch - 1) * p.bt_row_stride + (p.max_blocks - 1) * key[15][1] + 1) if p.max_blocks else 0,
+               4 * (p.batch * key[19][0] + 1))
+    entries = {vec: kernel_name(p._replace(vec=vec)) for vec in (16, 8, 4)}
+    grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
+    _known[key] = (p.device, runtime.load(GATHER, p.device), p.block_stride | p.head_dim | p.dst_k_row_stride,
+                   lengths, entries, grid, tuple(p[7:]))
+
+
+def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> bool:
+    """Launch a call whose metadata plan_gather accepted before; False (nothing done) when
+    its pointers fail a check, for plan_gather to report."""
+    device, kernels, low_bits, (kv_len, k_len, s_len, bt_len, cu_len), entries, grid, tail = known
+    kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
+    bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
+    if (kv_p | k_p | s_p) & 3:
+        return False
+    kv_e, k_e, s_e, bt_e, cu_e = kv_p + kv_len, k_p + k_len, s_p + s_len, bt_p + bt_len, cu_p + cu_len
+    if (k_p < kv_e and kv_p < k_e) or (s_p < kv_e and kv_p < s_e) or (k_p < bt_e and bt_p < k_e) or \
+            (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e):
+        return False
+    low = kv_p | k_p | low_bits
+    stream = runtime.current_stream(device)
+    kernels.launch(entries[16 if not low & 15 else (8 if not low & 7 else 4)], grid,
+                   (kv_p, k_p, s_p, bt_p, cu_p) + tail, stream)
+    return True
 
 
 def _launch(plan: GatherPlan, module) -> None:

@@ -177,3 +177,55 @@ def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
     err.zero_()
     fake.on_launch = None
     gather.cp_gather_indexer_k_quant_cache(*c.args())  # nothing recorded: no error
+
+
+def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monkeypatch):
+    """A layout validated once is remembered by its metadata; a later call with that metadata
+    and other pointers launches exactly what plan_gather would have (vector width from the new
+    pointers' alignment included), and pointers the checks reject still raise."""
+    import torch
+
+    from nvrtc_gather.ops import gather
+
+    real_plan = gather.plan_gather
+    planned = []
+
+    def plan_on_device_0(*args):  # CPU tensors, planned as if on cuda:0
+        planned.append(1)
+        return real_plan(*args)._replace(device=0, tokens_per_cta=8)
+    monkeypatch.setattr(gather, "plan_gather", plan_on_device_0)
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(gather, "_known", {})
+    fake.current = 7
+
+    kv = torch.randint(0, 256, (6, 16, 132), dtype=torch.uint8)
+    bt = torch.tensor([[3, 1, 0], [5, 2, 4]], dtype=torch.int32)
+    cu = torch.tensor([0, 20, 45], dtype=torch.int32)
+    store = torch.zeros(64 * 128 + 64, dtype=torch.uint8)  # room to place dst_k at several alignments
+    scales = torch.zeros(50, 4, dtype=torch.uint8)
+
+    def dst_at(offset):
+        return store[offset: offset + 50 * 128].view(50, 128)
+
+    def expected(dst_k):
+        name, grid, values = gather.launch_config(real_plan(kv, dst_k, scales, bt, cu)._replace(device=0, tokens_per_cta=8))
+        return (7, runtime.load(catalogue.GATHER, 0).functions[name]), grid, catalogue.GATHER_PARAMS.layout.pack(*values, 0)
+
+    def last_launch():
+        return fake.launches[-1], fake.grid, fake.params[:catalogue.GATHER_PARAMS.layout.size]
+
+    gather.cp_gather_indexer_k_quant_cache(kv, dst_at(0), scales, bt, cu)  # validated in full, remembered
+    assert len(planned) == 1 and len(gather._known) == 1 and last_launch() == expected(dst_at(0))
+    for offset, vec in ((0, 16), (32, 16), (8, 8), (4, 4)):  # same metadata, new pointers: the fast path
+        gather.cp_gather_indexer_k_quant_cache(kv, dst_at(offset), scales, bt, cu)
+        assert len(planned) == 1, "the fast path was not taken"
+        assert last_launch() == expected(dst_at(offset))
+        assert catalogue.GATHER_ENTRIES[vec, "tiny"] in [n for n, f in runtime.load(catalogue.GATHER, 0).functions.items()
+                                                          if f == fake.launches[-1][1]]
+    launches = len(fake.launches)
+    with pytest.raises(ValueError, match="dst_k: data pointer"):  # misaligned: checked again, in full
+        gather.cp_gather_indexer_k_quant_cache(kv, dst_at(2), scales, bt, cu)
+    overlapping = kv.view(-1)[:50 * 128].view(50, 128)  # same metadata as dst_k, inside kv_cache
+    with pytest.raises(ValueError, match="dst_k: its memory overlaps kv_cache"):
+        gather.cp_gather_indexer_k_quant_cache(kv, overlapping, scales, bt, cu)
+    assert len(fake.launches) == launches and len(planned) == 3
