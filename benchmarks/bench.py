@@ -40,7 +40,7 @@ from nvrtc_gather.ops.gather_torch import gather_torch
 HERE = Path(__file__).resolve().parent
 # vLLM's approach (a linear scan of cu_seq_lens per block), same parameters as the gather.
 BASELINE_LINEAR_SCAN = dataclasses.replace(GATHER, name="baseline_linear_scan", source="baseline_linear_scan.cu",
-                                           kernels=("baseline_linear_scan",), source_dir=str(HERE))
+                                           kernels=("baseline_linear_scan",), options=(), source_dir=str(HERE))
 # The op's own build under another name: timing it beside the op measures the noise.
 GATHER_CONTROL = dataclasses.replace(GATHER, name="gather_indexer_k_control")
 GATHER_VARIANTS = (GATHER_CONTROL,)

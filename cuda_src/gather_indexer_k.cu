@@ -233,17 +233,25 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
 }
 
 // One entry point per vector width and shape; names are fixed (extern "C") so the
-// host finds them without NVRTC name expressions.
+// host finds them without NVRTC name expressions. Each vector width is its own module
+// (nvrtc_gather/jit/catalogue.py: -DNG_GATHER_VEC=16, 8 or 4), so a process compiles only
+// the widths its calls use; without NG_GATHER_VEC (the host emulator) all are built.
 #define NG_GATHER_ENTRY(NAME, KVEC, UNROLL) \
     extern "C" __global__ void __launch_bounds__(NG_THREADS) NAME(const GatherParams p) { gather_body<KVEC, UNROLL>(p); }
-NG_GATHER_ENTRY(gather_indexer_k_v16, 16, 4)
-NG_GATHER_ENTRY(gather_indexer_k_v8, 8, 4)
-NG_GATHER_ENTRY(gather_indexer_k_v4, 4, 4)
-NG_GATHER_ENTRY(gather_indexer_k_v16_wide, 16, 8)
-NG_GATHER_ENTRY(gather_indexer_k_v8_wide, 8, 8)
-NG_GATHER_ENTRY(gather_indexer_k_v4_wide, 4, 8)
 #define NG_GATHER_TINY_ENTRY(NAME, KVEC) \
     extern "C" __global__ void __launch_bounds__(NG_THREADS) NAME(const GatherParams p) { gather_tiny<KVEC>(p); }
+#if !defined(NG_GATHER_VEC) || NG_GATHER_VEC == 16
+NG_GATHER_ENTRY(gather_indexer_k_v16, 16, 4)
+NG_GATHER_ENTRY(gather_indexer_k_v16_wide, 16, 8)
 NG_GATHER_TINY_ENTRY(gather_indexer_k_v16_tiny, 16)
+#endif
+#if !defined(NG_GATHER_VEC) || NG_GATHER_VEC == 8
+NG_GATHER_ENTRY(gather_indexer_k_v8, 8, 4)
+NG_GATHER_ENTRY(gather_indexer_k_v8_wide, 8, 8)
 NG_GATHER_TINY_ENTRY(gather_indexer_k_v8_tiny, 8)
+#endif
+#if !defined(NG_GATHER_VEC) || NG_GATHER_VEC == 4
+NG_GATHER_ENTRY(gather_indexer_k_v4, 4, 4)
+NG_GATHER_ENTRY(gather_indexer_k_v4_wide, 4, 8)
 NG_GATHER_TINY_ENTRY(gather_indexer_k_v4_tiny, 4)
+#endif

@@ -436,13 +436,22 @@ __device__ __forceinline__ void quant_any(const QuantParams& p) {
     *reinterpret_cast<float*>(base + (i64)p.block_size * p.head_dim + ((i64)off * nq + q) * 4) = scale;
 }
 
-// Fixed extern "C" names: the host finds them without NVRTC name expressions.
+// Fixed extern "C" names: the host finds them without NVRTC name expressions. Each k dtype is
+// its own module (nvrtc_gather/jit/catalogue.py: -DNG_QUANT_K=1 bf16, 2 f16, 4 f32), so a
+// process compiles only the dtype it writes; without NG_QUANT_K (the host emulator, test
+// builds) all are built.
+#if !defined(NG_QUANT_K) || NG_QUANT_K == 1
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_v16(const QuantParams p) { quant_vec<Bf16, 16>(p); }
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_v8(const QuantParams p) { quant_vec<Bf16, 8>(p); }
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_any(const QuantParams p) { quant_any<Bf16>(p); }
+#endif
+#if !defined(NG_QUANT_K) || NG_QUANT_K == 2
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_v16(const QuantParams p) { quant_vec<F16, 16>(p); }
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_v8(const QuantParams p) { quant_vec<F16, 8>(p); }
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_any(const QuantParams p) { quant_any<F16>(p); }
+#endif
+#if !defined(NG_QUANT_K) || NG_QUANT_K == 4
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_v16(const QuantParams p) { quant_vec<F32, 16>(p); }
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_v8(const QuantParams p) { quant_vec<F32, 8>(p); }
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_any(const QuantParams p) { quant_any<F32>(p); }
+#endif

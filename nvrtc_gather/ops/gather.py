@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..jit import driver, runtime
-from ..jit.catalogue import GATHER, GATHER_ENTRIES, THREADS_PER_BLOCK
+from ..jit.catalogue import GATHER, GATHER_ENTRIES, GATHER_MODULES, THREADS_PER_BLOCK
 from . import checks as v
 from . import library, paged_layout
 from .gather_torch import gather_torch
@@ -245,7 +245,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
         return
     if plan.num_tokens == 0 or plan.batch == 0:
         return
-    _launch(plan, GATHER)
+    _launch(plan, GATHER_MODULES[plan.vec])
     if key is not None:
         _remember(key, plan)
 
@@ -282,14 +282,14 @@ def _remember(key: tuple, plan: GatherPlan) -> None:
                4 * (p.batch * key[19][0] + 1))
     entries = {vec: kernel_name(p._replace(vec=vec)) for vec in (16, 8, 4)}
     grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
-    _known[key] = (p.device, runtime.load(GATHER, p.device), p.block_stride | p.head_dim | p.dst_k_row_stride,
-                   lengths, entries, grid, tuple(p[7:]))
+    _known[key] = (p.device, p.block_stride | p.head_dim | p.dst_k_row_stride, lengths, entries, grid,
+                   tuple(p[7:]))
 
 
 def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> bool:
     """Launch a call whose metadata plan_gather accepted before; False (nothing done) when
     its pointers fail a check, for plan_gather to report."""
-    device, kernels, low_bits, (kv_len, k_len, s_len, bt_len, cu_len), entries, grid, tail = known
+    device, low_bits, (kv_len, k_len, s_len, bt_len, cu_len), entries, grid, tail = known
     kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
     bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
     if (kv_p | k_p | s_p) & 3:
@@ -299,9 +299,10 @@ def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_
             (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e):
         return False
     low = kv_p | k_p | low_bits
+    vec = 16 if not low & 15 else (8 if not low & 7 else 4)
     stream = runtime.current_stream(device)
-    kernels.launch(entries[16 if not low & 15 else (8 if not low & 7 else 4)], grid,
-                   (kv_p, k_p, s_p, bt_p, cu_p) + tail, stream)
+    runtime.load(GATHER_MODULES[vec], device, stream).launch(entries[vec], grid, (kv_p, k_p, s_p, bt_p, cu_p) + tail,
+                                                              stream)
     return True
 
 
@@ -311,17 +312,18 @@ def _launch(plan: GatherPlan, module) -> None:
     runtime.load(module, plan.device, stream).launch(entry, grid, values, stream)
 
 
-def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=GATHER, tokens_per_cta=None):
+def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=None, tokens_per_cta=None):
     """The benchmark's and tests' hook: a no-argument function that runs this call (CUDA
     tensors) exactly as the op does, optionally with another build of the gather source
-    (``module``, same entry points and parameters) or another rows-per-block choice."""
+    (``module``, holding the entry point the call needs; default: the op's) or another
+    rows-per-block choice."""
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     if tokens_per_cta is not None:
         plan = plan._replace(tokens_per_cta=tokens_per_cta)
 
     def run(_keep=(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)):  # the tensors outlive it
         if plan.num_tokens and plan.batch:  # as the op: nothing to launch for an empty call
-            _launch(plan, module)
+            _launch(plan, module or GATHER_MODULES[plan.vec])
     return run
 
 

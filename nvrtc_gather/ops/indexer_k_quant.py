@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..jit import runtime
-from ..jit.catalogue import QUANT, QUANT_ENTRIES, THREADS_PER_BLOCK
+from ..jit.catalogue import QUANT_ENTRIES, QUANT_MODULES, THREADS_PER_BLOCK
 from . import checks as v
 from . import library, paged_layout
 from .indexer_k_quant_torch import quant_torch
@@ -188,7 +188,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         return
     if plan.num_tokens == 0:
         return
-    _launch(plan, k.dtype, QUANT)
+    _launch(plan, k.dtype, QUANT_MODULES[_TYPE_NAMES[k.dtype]])
 
 
 def _launch(plan: QuantPlan, k_dtype: torch.dtype, module) -> None:
@@ -197,15 +197,15 @@ def _launch(plan: QuantPlan, k_dtype: torch.dtype, module) -> None:
     runtime.load(module, plan.device, stream).launch(entry, grid, values, stream)
 
 
-def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=QUANT):
+def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=None):
     """The benchmark's and tests' hook: a no-argument function that runs this call (CUDA
     tensors) exactly as the op does, optionally with another build of the quant source
-    (``module``, same entry points and parameters)."""
+    (``module``, holding the entry point the call needs; default: the op's)."""
     plan = plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
 
     def run(_keep=(k, kv_cache, slot_mapping)):  # the tensors outlive it
         if plan.num_tokens:
-            _launch(plan, k.dtype, module)
+            _launch(plan, k.dtype, module or QUANT_MODULES[_TYPE_NAMES[k.dtype]])
     return run
 
 

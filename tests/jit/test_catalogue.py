@@ -48,3 +48,16 @@ def test_module_names_are_distinct_and_entries_unique():
     assert len(set(names)) == len(names)
     for m in catalogue.ALL_MODULES:
         assert len(set(m.kernels)) == len(m.kernels)
+
+
+def test_the_modules_of_an_op_partition_its_entry_points():
+    """Each op's entry points are split over its modules (one per vector width / k dtype),
+    each exactly once, so every choice an op makes is in the module it loads for it."""
+    for entries, modules in ((catalogue.GATHER_ENTRIES, catalogue.GATHER_MODULES),
+                             (catalogue.QUANT_ENTRIES, catalogue.QUANT_MODULES)):
+        held = [name for m in modules.values() for name in m.kernels]
+        assert sorted(held) == sorted(entries.values())
+    for (vec, _), name in catalogue.GATHER_ENTRIES.items():
+        assert name in catalogue.GATHER_MODULES[vec].kernels
+    for (dt, _), name in catalogue.QUANT_ENTRIES.items():
+        assert name in catalogue.QUANT_MODULES[dt].kernels

@@ -81,12 +81,12 @@ def test_ops_choose_only_catalogued_entry_points():
     from nvrtc_gather.ops import gather, indexer_k_quant
     plans = [gather.GatherPlan(0, vec, *[0] * 5, 0, 0, 0, 0, 1000, 1, 1, 1, 1, 128, 1, tpc)
              for vec in (16, 8, 4) for tpc in (8, 128, 256)]
-    assert {gather.kernel_name(p) for p in plans} == set(catalogue.GATHER.kernels)
+    assert {gather.kernel_name(p) for p in plans} == set(catalogue.GATHER_ENTRIES.values())
     qplans = [indexer_k_quant.QuantPlan(0, 10, 128, 128, 1, 64, 64, 0, 256, False, vec, 16, 0, 0, 0)
               for vec in (16, 8, 0)]
     chosen = {indexer_k_quant.launch_config(p, dt)[0] for p in qplans
               for dt in (torch.bfloat16, torch.float16, torch.float32)}
-    assert chosen == set(catalogue.QUANT.kernels)
+    assert chosen == set(catalogue.QUANT_ENTRIES.values())
 
 
 # A child process: compile GATHER's cubin and PTX in the working directory argv[1], write them to argv[2].

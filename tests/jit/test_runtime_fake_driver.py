@@ -147,7 +147,7 @@ def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
     gather.cp_gather_indexer_k_quant_cache(*c.args())
     name, grid, values = gather.launch_config(plan)
     layout = catalogue.GATHER_PARAMS.layout
-    assert fake.launches[-1] == (7, runtime.load(catalogue.GATHER, 0).functions[name])
+    assert fake.launches[-1] == (7, runtime.load(catalogue.GATHER_MODULES[plan.vec], 0).functions[name])
     assert (fake.grid, fake.params[:layout.size]) == (grid, layout.pack(*values, 0))
 
     q = make_quant_case(random.Random(2), head_dim=128, quant_block_size=64, block_size=16,
@@ -208,8 +208,10 @@ def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monk
         return store[offset: offset + 50 * 128].view(50, 128)
 
     def expected(dst_k):
-        name, grid, values = gather.launch_config(real_plan(kv, dst_k, scales, bt, cu)._replace(device=0, tokens_per_cta=8))
-        return (7, runtime.load(catalogue.GATHER, 0).functions[name]), grid, catalogue.GATHER_PARAMS.layout.pack(*values, 0)
+        plan = real_plan(kv, dst_k, scales, bt, cu)._replace(device=0, tokens_per_cta=8)
+        name, grid, values = gather.launch_config(plan)
+        function = runtime.load(catalogue.GATHER_MODULES[plan.vec], 0).functions[name]
+        return (7, function), grid, catalogue.GATHER_PARAMS.layout.pack(*values, 0)
 
     def last_launch():
         return fake.launches[-1], fake.grid, fake.params[:catalogue.GATHER_PARAMS.layout.size]
@@ -220,8 +222,8 @@ def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monk
         gather.cp_gather_indexer_k_quant_cache(kv, dst_at(offset), scales, bt, cu)
         assert len(planned) == 1, "the fast path was not taken"
         assert last_launch() == expected(dst_at(offset))
-        assert catalogue.GATHER_ENTRIES[vec, "tiny"] in [n for n, f in runtime.load(catalogue.GATHER, 0).functions.items()
-                                                          if f == fake.launches[-1][1]]
+        tiny = runtime.load(catalogue.GATHER_MODULES[vec], 0).functions[catalogue.GATHER_ENTRIES[vec, "tiny"]]
+        assert fake.launches[-1][1] == tiny
     launches = len(fake.launches)
     with pytest.raises(ValueError, match="dst_k: data pointer"):  # misaligned: checked again, in full
         gather.cp_gather_indexer_k_quant_cache(kv, dst_at(2), scales, bt, cu)
