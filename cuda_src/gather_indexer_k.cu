@@ -18,6 +18,10 @@
 // kernel, gather_tiny below.
 // Rows at or past cu_seq_lens[-1] are never touched; rows whose indices are bad
 // are skipped, and reported when debug mode passes an error buffer.
+// Index values are untrusted: any int32 in cu_seq_lens and block_table must leave every
+// access in bounds. A row's position in its request, row - cu_seq_lens[r] with
+// cu_seq_lens[r] <= row, is taken in 32 unsigned bits (exact for any int32 cu_seq_lens[r]),
+// so a huge position fails the max_blocks check instead of wrapping negative.
 //
 // Shared memory is kept to 2 KiB on purpose: the driver sizes the SM's shared-memory
 // carve-out by it, and under Nsight Compute the 7-9 KiB builds (v5's whole small
@@ -25,20 +29,26 @@
 // than this on every workload measured (benchmarks/NOTES.md, v6).
 #include "gather_params.cuh"
 
+// x / d for any x < 2^32 (FastDiv takes x < 2^31).
+__device__ __forceinline__ u32 udiv(const FastDiv& d, u32 x) {
+    return d.shift >= 0 ? x >> d.shift : x / (u32)d.d;
+}
+
 // Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing
 // (with a malformed cu the answer is still in range; callers re-check it).
-// All 32 lanes of the warp must call it with the same row.
+// All 32 lanes of the warp must call it with the same row. No sum exceeds batch, so no
+// batch up to INT32_MAX overflows.
 __device__ __forceinline__ int warp_find_request(const i32* cu, int batch, int row) {
     const int lane = threadIdx.x & 31;
     int lo = 0, hi = batch;  // answer in [lo, hi)
     while (hi - lo > 1) {
-        const int step = (hi - lo + 31) / 32;
-        const int probe = lo + lane * step;
-        const bool le = probe < hi && __ldg(cu + probe) <= row;
+        const int step = (int)(((u32)(hi - lo) + 31u) >> 5);
+        const int off = lane * step;  // <= 31 * step < 2^31
+        const bool le = off < hi - lo && __ldg(cu + lo + off) <= row;
         const u32 m = __ballot_sync(0xffffffffu, le);
         const int k = m ? 31 - __clz(m) : 0;
         lo += k * step;
-        hi = min(hi, lo + step);
+        hi = lo + min(hi - lo, step);
     }
     return lo;
 }
@@ -49,7 +59,8 @@ __device__ __forceinline__ void check_cu_seq_lens(const GatherParams& p) {
     const int total = __ldg(cu + p.batch);
     if (threadIdx.x == 0 && __ldg(cu) != 0) ng_report(p.error, NG_ERR_CU_START, __ldg(cu), 0, 0);
     if (threadIdx.x == 0 && total > p.num_tokens) ng_report(p.error, NG_ERR_CU_TOTAL, total, p.num_tokens, 0);
-    for (int r = threadIdx.x; r < p.batch; r += NG_THREADS) {
+    // Unsigned: r + NG_THREADS may pass INT32_MAX.
+    for (u32 r = threadIdx.x; r < (u32)p.batch; r += NG_THREADS) {
         const int a = __ldg(cu + r), b = __ldg(cu + r + 1);
         if (b < a) ng_report(p.error, NG_ERR_CU_DECREASING, r, a, b);
     }
@@ -77,6 +88,8 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     if (p.error != 0 && blockIdx.x == 0) check_cu_seq_lens(p);
     // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
     // last request): nothing waits for the total before the first byte moves.
+    // row0 + tokens_per_cta fits for num_tokens <= INT32_MAX - NG_THREADS. Kept signed: the
+    // compiler may then assume it does, and an overflow-free form measured ~3% slower.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
     const FastDiv by_block(p.block_size), by_words(p.scale_words);
@@ -89,16 +102,20 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         s_total = __ldg(cu + p.batch);
     }
     // One request: its rows start at 0 by contract, so each row's block_table entry can be
-    // fetched now; it is used only once cu_seq_lens[0] == 0 is confirmed.
-    const int j0 = by_block(row0 + tid);
-    const int b0 = (p.batch == 1 && tid < n && j0 < p.max_blocks) ? __ldg(p.block_table + j0) : -1;
+    // fetched now; it is used only once cu_seq_lens[0] == 0 is confirmed (then j0 is the row's
+    // column j below, and j0 < max_blocks was checked here).
+    int b0 = -1;
+    if (p.batch == 1 && tid < n) {
+        const u32 j0 = udiv(by_block, (u32)(row0 + tid));
+        if (j0 < (u32)p.max_blocks) b0 = __ldg(p.block_table + j0);
+    }
     __syncthreads();
 
     if (tid < n) {
         const int row = row0 + tid;
-        int lo = s_req[0], hi = s_req[1] + 1;  // answer in [lo, hi)
+        int lo = s_req[0], hi = s_req[1] + 1;  // answer in [lo, hi); empty if cu decreases
         while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
+            const int mid = (int)(((u32)lo + (u32)hi) >> 1);
             if (__ldg(cu + mid) <= row) lo = mid; else hi = mid;
         }
         const int r = lo;
@@ -106,12 +123,12 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
         const int stop = r + 1 == p.batch ? s_total : __ldg(cu + r + 1);
         int2 loc = make_int2(-1, 0);
         if (start <= row && row < stop) {
-            const int pos = row - start;
-            const int j = by_block(pos);
-            if (j < p.max_blocks) {
+            const u32 pos = (u32)row - (u32)start;  // exact: start <= row
+            const u32 j = udiv(by_block, pos);
+            if (j < (u32)p.max_blocks) {
                 const int b = p.batch == 1 && start == 0 ? b0 : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
                 if (b >= 0 && b < p.num_blocks) {
-                    loc = make_int2(b, pos - j * p.block_size);
+                    loc = make_int2(b, (int)(pos - j * (u32)p.block_size));
                 } else {
                     ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
                 }
@@ -190,8 +207,9 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     typedef typename Vec<KVEC>::T V;
     if (p.error != 0 && blockIdx.x == 0) check_cu_seq_lens(p);
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
-    if (row >= p.num_tokens) return;  // the whole warp
+    const u32 urow = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
+    if (urow >= (u32)p.num_tokens) return;  // the whole warp; unsigned: the grid may pass INT32_MAX
+    const int row = (int)urow;
     const i32* cu = p.cu_seq_lens;
     const int total = __ldg(cu + p.batch);
     const int r = warp_find_request(cu, p.batch, row);
@@ -201,10 +219,9 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
         if (row < total && lane == 0) ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
         return;
     }
-    const int pos = row - start;
-    const FastDiv by_block(p.block_size);
-    const int j = by_block(pos);
-    if (j >= p.max_blocks) {
+    const u32 pos = (u32)row - (u32)start;  // exact: start <= row
+    const u32 j = udiv(FastDiv(p.block_size), pos);
+    if (j >= (u32)p.max_blocks) {
         if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
         return;
     }
@@ -213,7 +230,7 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
         if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
         return;
     }
-    const int2 loc = make_int2(b, pos - j * p.block_size);
+    const int2 loc = make_int2(b, (int)(pos - j * (u32)p.block_size));
     const V* src = reinterpret_cast<const V*>(p.kv_cache + value_offset(p, loc));
     V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
     const u32* ssrc = reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc));

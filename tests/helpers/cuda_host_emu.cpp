@@ -4,15 +4,27 @@
 // 32 lanes reach hangs here as it would misbehave on a GPU), __shared__ is a static (blocks
 // run one after another). Intrinsics get their IEEE meaning. Vector loads (__ldg) and vector
 // stores that are not aligned to their size, which fault on a GPU, are counted (emu_faults).
+// Optionally (emu_set_bounds) every __ldg must lie inside given address ranges: one outside is
+// counted (emu_oob) and reads zeros instead of touching memory. emu_launch_isolated runs
+// launches in a forked child, so that a stray access that faults ends the child, not the caller.
 // Build (KERNEL_FILE = the .cu):
 //   g++ -std=c++20 -O1 -ffp-contract=off -fno-fast-math -pthread -shared -fPIC
 //       -I cuda_src -DKERNEL_FILE='"quant_cache.cu"' -DKERNEL_PARAMS=QuantParams cuda_host_emu.cpp
 #include <atomic>
 #include <barrier>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define NG_EMU_THREADS 256  // NG_THREADS of common.cuh, checked below
 
@@ -40,7 +52,25 @@ static thread_local EmuIdx threadIdx, blockIdx;
 #define __launch_bounds__(n)
 #define __shared__ static
 
-template <class T> static inline T __ldg(const T* p) { emu_check_align(p, sizeof(T)); return *p; }
+// [lo, hi) address ranges __ldg may read; empty: any. Set between launches only.
+static std::vector<std::pair<unsigned long, unsigned long>> emu_bounds;
+static std::atomic<int> emu_oob_count{0};
+static inline bool emu_readable(const void* p, unsigned long n) {
+    if (emu_bounds.empty()) return true;
+    const unsigned long a = (unsigned long)p;
+    for (const auto& r : emu_bounds) {
+        if (a >= r.first && a <= r.second && n <= r.second - a) return true;
+    }
+    return false;
+}
+template <class T> static inline T __ldg(const T* p) {
+    emu_check_align(p, sizeof(T));
+    if (!emu_readable(p, sizeof(T))) {
+        emu_oob_count++;
+        return T{};
+    }
+    return *p;
+}
 static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
@@ -123,22 +153,122 @@ typedef void (*EmuKernel)(const KERNEL_PARAMS);
 // Misaligned vector accesses since the last call.
 extern "C" int emu_faults() { return emu_fault_count.exchange(0); }
 
+// __ldg's outside the bounds since the last call.
+extern "C" int emu_oob() { return emu_oob_count.exchange(0); }
+
+// Bounds for __ldg: n ranges, ranges[2i] <= address < ranges[2i + 1]; n = 0: none.
+extern "C" void emu_set_bounds(const unsigned long long* ranges, int n) {
+    emu_bounds.clear();
+    for (int i = 0; i < n; ++i) emu_bounds.emplace_back(ranges[2 * i], ranges[2 * i + 1]);
+}
+
+// n launches one after another, each block of each by the same NG_THREADS threads (a barrier
+// between blocks): launch i runs kernels[i] over grids[i] blocks with the parameter struct at
+// params + i * sizeof(KERNEL_PARAMS). before(i) runs before launch i and after(i) once it has
+// finished, while every thread waits.
+template <class Before, class After>
+static void emu_run(int n, const EmuKernel* kernels, const char* params, const int* grids, Before before,
+                    After after) {
+    if (n <= 0) return;
+    EmuBlock block;
+    emu_block = &block;
+    int launch = 0, done_blocks = 0;  // the barrier's phases so far: blocks of `launch` (a grid of 0: one)
+    auto next = [&]() noexcept {
+        if (++done_blocks < max(grids[launch], 1)) return;
+        after(launch);
+        done_blocks = 0;
+        if (++launch < n) before(launch);
+    };
+    std::barrier<decltype(next)> next_block(NG_THREADS, next);
+    before(0);
+    std::vector<std::thread> threads;
+    for (unsigned int t = 0; t < NG_THREADS; ++t) {
+        threads.emplace_back([&, t] {
+            threadIdx.x = t;
+            for (int i = 0; i < n; ++i) {
+                KERNEL_PARAMS p;
+                std::memcpy(&p, params + (size_t)i * sizeof p, sizeof p);
+                for (int b = 0; b < max(grids[i], 1); ++b) {
+                    blockIdx.x = (unsigned int)b;
+                    if (b < grids[i]) kernels[i](p);
+                    next_block.arrive_and_wait();
+                }
+            }
+        });
+    }
+    for (auto& th : threads) th.join();
+}
+
 // Launch `kernel` over `grid` blocks of NG_THREADS threads with the packed parameter bytes.
 extern "C" int emu_launch(EmuKernel kernel, const void* params, int grid) {
-    KERNEL_PARAMS p;
-    std::memcpy(&p, params, sizeof p);
-    for (int b = 0; b < grid; ++b) {
-        EmuBlock block;
-        emu_block = &block;
-        std::vector<std::thread> threads;
-        for (unsigned int t = 0; t < NG_THREADS; ++t) {
-            threads.emplace_back([=] {
-                threadIdx.x = t;
-                blockIdx.x = (unsigned int)b;
-                kernel(p);
-            });
-        }
-        for (auto& th : threads) th.join();
+    emu_run(1, &kernel, (const char*)params, &grid, [](int) {}, [](int) {});
+    return (int)sizeof(KERNEL_PARAMS);
+}
+
+// n launches, one after another, in a forked child: a fault or a hang ends the child, not the
+// caller. Launch i runs kernels[i] over grids[i] blocks with the params_size bytes at
+// params + i * params_size, its __ldg's bounded by the next nranges[i] pairs of ranges (see
+// emu_set_bounds). The kernels' memory must be a shared mapping (MAP_SHARED) for their writes
+// to show here. out[3i], out[3i + 1], out[3i + 2]: 1 once launch i finished, its misaligned
+// accesses, its out-of-bounds loads. Returns 0 when the child finished them all, -signal when a
+// signal ended it, -1000 when it ran past timeout_ms (then killed), below -1000 when it could
+// not run (-1005: params_size is not the parameter struct's size).
+extern "C" int emu_launch_isolated(int n, const EmuKernel* kernels, const char* params, int params_size,
+                                   const int* grids, const unsigned long long* ranges, const int* nranges,
+                                   int timeout_ms, int* out) {
+    if (params_size != (int)sizeof(KERNEL_PARAMS)) return -1005;
+    const size_t bytes = sizeof(int) * 3 * (size_t)(n > 0 ? n : 1);
+    int* shared = (int*)mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) return -1001;
+    std::memset(shared, 0, bytes);
+    const pid_t pid = fork();
+    if (pid < 0) {
+        munmap(shared, bytes);
+        return -1002;
     }
-    return (int)sizeof p;
+    if (pid == 0) {
+        // A crash is an expected outcome: no core file, no handler of the caller's (such as
+        // Python's faulthandler) reporting it.
+        const rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
+        emu_faults();
+        emu_oob();
+        emu_run(
+            n, kernels, params, grids,
+            [&](int i) {
+                emu_set_bounds(ranges, nranges[i]);
+                ranges += 2 * nranges[i];
+            },
+            [&](int i) {
+                shared[3 * i + 1] = emu_faults();
+                shared[3 * i + 2] = emu_oob();
+                shared[3 * i] = 1;
+            });
+        _exit(0);
+    }
+    timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int status = 0, rc = 0;
+    for (;;) {
+        const pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) break;
+        if (w < 0 && errno != EINTR) {
+            rc = -1003;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            rc = -1000;
+            break;
+        }
+        usleep(200);
+    }
+    std::memcpy(out, shared, bytes);
+    munmap(shared, bytes);
+    if (rc) return rc;
+    if (WIFSIGNALED(status)) return -WTERMSIG(status);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1004;
 }

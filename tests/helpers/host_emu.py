@@ -44,6 +44,13 @@ def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
     dll.emu_launch.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int)
     dll.emu_launch.restype = ctypes.c_int
     dll.emu_faults.restype = ctypes.c_int
+    dll.emu_oob.restype = ctypes.c_int
+    dll.emu_set_bounds.argtypes = (ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)
+    dll.emu_set_bounds.restype = None
+    dll.emu_launch_isolated.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_int,
+                                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_ulonglong),
+                                        ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+    dll.emu_launch_isolated.restype = ctypes.c_int
     _BUILDS[kernel, defines] = dll
     return dll
 

@@ -1,0 +1,86 @@
+"""Extreme and random index values through the public ops on a GPU: the cases of
+test_index_fuzz_emulated.py (same seeds' kinds, same checks), each laid out in one device
+buffer whose bytes outside the op's tensors hold a guard pattern, run by
+cp_gather_indexer_k_quant_cache (every entry point, its shape forced through
+gather.tokens_per_cta) and indexer_k_quant_and_cache (every entry point), with
+NVRTC_GATHER_DEBUG unset and set. Afterwards the whole buffer must be what the reference
+says: rows with good indices bit-exact, rows with bad ones and every guard byte untouched.
+In debug mode an op must raise ValueError exactly when an index is bad. Meant to run under
+compute-sanitizer memcheck too (scripts/gpu_check.sh), which sees stray accesses past the
+buffer."""
+import pytest
+import torch
+
+import nvrtc_gather as ng
+from nvrtc_gather import gather, quant_cache
+from test_index_fuzz_emulated import (DTYPES, GATHER_ENTRIES, GATHER_KINDS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
+                                      check_gather, check_quant, gather_case, gather_is_bad, quant_case)
+
+pytestmark = pytest.mark.gpu
+
+
+def _on_device(case):
+    """The case's buffer on the GPU, and the op's tensors as the same views of it."""
+    dev = case.arena.bytes.to("cuda")
+
+    def same(t):
+        u = t.view(torch.uint8)
+        return dev.as_strided(u.shape, u.stride(), u.storage_offset()).view(t.dtype)
+    return dev, tuple(same(t) for t in case.tensors)
+
+
+def _debug(monkeypatch, debug):
+    if debug:
+        monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    else:
+        monkeypatch.delenv("NVRTC_GATHER_DEBUG", raising=False)
+
+
+def _call(op, args, expect_error, desc):
+    """Run the op; in debug mode with a bad index it must raise ValueError, else nothing."""
+    if expect_error:
+        with pytest.raises(ValueError, match="debug mode"):
+            op(*args)
+    else:
+        try:
+            op(*args)
+        except ValueError as exc:
+            pytest.fail(f"raised {exc!r}: {desc}")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[gather.KERNEL_NAMES[e] for e in GATHER_ENTRIES])
+def test_gather_extreme_indices(vec, shape, debug, monkeypatch):
+    _debug(monkeypatch, debug)
+    entry = gather.KERNEL_NAMES[vec, shape]
+    for kind in GATHER_KINDS:
+        c = gather_case(f"gpu-gather-v{vec}{shape}-{kind}", kind, vec, shape)
+        monkeypatch.setattr(gather, "tokens_per_cta", lambda head_dim, num_tokens, sm_count, tpc=c.tpc: tpc)
+        c.plan = gather.plan_gather(*c.tensors)  # the CPU plan: block_stride for the check
+        c.desc = c.describe(entry, debug)
+        c.before = c.arena.bytes.clone()
+        dev, args = _on_device(c)
+        assert gather.kernel_name(gather.plan_gather(*args)) == entry, c.desc
+        _call(ng.cp_gather_indexer_k_quant_cache, args, debug and gather_is_bad(c), c.desc)
+        c.arena.bytes.copy_(dev.cpu())
+        check_gather(c, False, (0, 0, 0))  # (the op's own error buffer, not the case's, in debug mode)
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
+def test_quant_extreme_slots(dt, vec, debug, monkeypatch):
+    _debug(monkeypatch, debug)
+    entry = quant_cache.KERNEL_NAMES[DTYPES[dt], vec]
+    for kind in QUANT_KINDS:
+        if kind.startswith("alias"):  # needs a cache the op's checks refuse (stride 0): emulator only
+            continue
+        c = quant_case(f"gpu-quant-{dt}-v{vec}-{kind}", kind, dt, vec)
+        c.desc = c.describe(entry, debug)
+        c.before = c.arena.bytes.clone()
+        dev, (k, kv, sm) = _on_device(c)
+        assert quant_cache.KERNEL_NAMES[k.dtype, quant_cache.plan_quant(k, kv, sm, c.qbs, c.scale_fmt).vec] == entry
+        bad = any(s >= c.num_slots for s in c.slots)
+        _call(ng.indexer_k_quant_and_cache, (k, kv, sm, c.qbs, c.scale_fmt), debug and bad, c.desc)
+        c.arena.bytes.copy_(dev.cpu())
+        check_quant(c, False, (0, 0, 0))

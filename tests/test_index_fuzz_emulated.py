@@ -1,0 +1,563 @@
+"""Index fuzzing of both kernels on the host emulator (tests/cuda_host_emu.cpp): random and
+extreme int32 values of cu_seq_lens and block_table, int64 values of slot_mapping, through
+every entry point of cuda_src/gather_indexer_k.cu and cuda_src/quant_cache.cu, with and
+without the debug error buffer.
+
+The contract (docs/contract.md §3): for every index value the kernels read and write only
+the tensors they are given; a row with bad indices is skipped (and reported in debug mode),
+every other row is written bit-exactly. Every buffer of a case lives in one shared anonymous
+mapping whose other bytes hold a guard pattern (GUARD bytes at least on each side), and the
+whole mapping is compared with what the reference says afterwards; the emulator counts each
+__ldg outside the buffers the kernel may read (and reads zeros there); a test's launches run in
+a forked child (emu_launch_isolated), so a stray access that faults fails the case it happened
+in instead of killing pytest. Each case has its own seed; a failure prints the case's values.
+Skipped without a C++20 compiler or fork()."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from nvrtc_gather import gather, quant_cache
+from nvrtc_gather.kernels import THREADS_PER_BLOCK
+from host_emu import emulator
+from reference import SENTINEL, quant_reference, random_k_values
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork() to isolate the launches")
+
+I32_MIN, I32_MAX = -2**31, 2**31 - 1
+I64_MIN, I64_MAX = -2**63, 2**63 - 1
+GUARD = 4096            # guard bytes at least, before and after every buffer
+ARENA = 256 << 10       # bytes of one case's mapping
+TIMEOUT_MS = 60_000     # a launch running longer is a hang
+_PATTERN = ((torch.arange(ARENA) * 37 + 11) % 251).to(torch.uint8)  # the guard pattern
+
+
+class Arena:
+    """Buffers carved out of one shared anonymous mapping (the forked launch's writes show
+    here); every byte outside them keeps the guard pattern."""
+
+    def __init__(self):
+        self.mm = mmap.mmap(-1, ARENA)  # MAP_SHARED | MAP_ANONYMOUS
+        self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.bytes.copy_(_PATTERN)
+        self.top = GUARD
+
+    def alloc(self, nbytes: int, offset: int = 0) -> torch.Tensor:
+        """nbytes (uint8) starting ``offset`` bytes past a 256-byte boundary."""
+        start = -(-self.top // 256) * 256 + offset
+        self.top = start + nbytes + GUARD
+        assert self.top <= ARENA, "case too large for its arena"
+        return self.bytes[start: start + nbytes]
+
+
+def span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, past the last byte) of a (possibly strided) tensor."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def same_view(t: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """The bytes of arena view ``t`` (any dtype, as uint8) inside another arena-sized tensor."""
+    u = t.view(torch.uint8)
+    return whole.as_strided(u.shape, u.stride(), u.storage_offset())
+
+
+@dataclass
+class Launch:
+    name: str       # entry point
+    grid: int
+    params: bytes   # the packed parameter struct
+    bounds: list    # [lo, hi) address pairs its __ldg's must stay in; empty: unchecked
+
+
+NOT_RUN = -2000  # status of a launch after the one that ended the child
+
+
+def run_isolated(dll, launches: list[Launch]) -> list[tuple[int, int, int]]:
+    """Run ``launches`` one after another in one forked child (one fork for many launches);
+    for each, (status, misaligned accesses, out-of-bounds loads): status 0 once it finished,
+    the child's end (see emu_launch_isolated) for the launch it ended in, NOT_RUN after that."""
+    n = len(launches)
+    size = len(launches[0].params)
+    assert all(len(x.params) == size for x in launches)
+    flat = [v for x in launches for pair in x.bounds for v in pair]
+    out = (ctypes.c_int * (3 * n))()
+    rc = dll.emu_launch_isolated(
+        n, (ctypes.c_void_p * n)(*[ctypes.cast(getattr(dll, x.name), ctypes.c_void_p).value for x in launches]),
+        b"".join(x.params for x in launches), size, (ctypes.c_int * n)(*[x.grid for x in launches]),
+        (ctypes.c_ulonglong * max(1, len(flat)))(*flat), (ctypes.c_int * n)(*[len(x.bounds) for x in launches]),
+        TIMEOUT_MS, out)
+    result, ended = [], False
+    for i in range(n):
+        done, faults, oob = out[3 * i: 3 * i + 3]
+        result.append((0, faults, oob) if done else (NOT_RUN if ended else rc or -1004, 0, 0))
+        ended = ended or not done
+    return result
+
+
+def launch_problem(rc: int, faults: int, oob: int) -> str | None:
+    if rc == NOT_RUN:
+        return "the launch did not run: an earlier one of its batch ended the child"
+    if rc == -1000:
+        return f"the launch hung (killed after {TIMEOUT_MS} ms)"
+    if rc < -1000:
+        return f"the launch could not run (status {rc})"
+    if rc < 0:
+        return f"the launch died of signal {-rc} (a stray access)"
+    if oob:
+        return f"{oob} loads outside the tensors the kernel was given"
+    if faults:
+        return f"{faults} misaligned vector accesses"
+    return None
+
+
+def first_difference(got: torch.Tensor, want: torch.Tensor, regions: dict) -> str:
+    i = int(torch.nonzero(got != want)[0])
+    where = "a guard byte"
+    for name, (lo, hi) in regions.items():
+        if lo <= i < hi:
+            where = f"{name} byte {i - lo}"
+    return f"{int((got != want).sum())} bytes differ, the first at {where}: {int(got[i])} != {int(want[i])}"
+
+
+def int32_pool(rng, n):
+    """Extreme int32 values and ones near 0..n (the rows)."""
+    return [I32_MIN, I32_MIN + 1, -n, -3, -1, 0, 1, n // 2, n - 1, n, n + 1, 1 << 30, I32_MAX - 1, I32_MAX,
+            rng.randint(I32_MIN, I32_MAX)]
+
+
+# --- the gather -------------------------------------------------------------------------------
+
+GATHER_ENTRIES = [(vec, shape) for shape in ("", "wide", "tiny") for vec in (16, 8, 4)]
+# How a case's cu_seq_lens is made; block_table gets extreme ids in every kind.
+# valid: good indices (debug mode must stay silent), often with rows past the total; bad_ids:
+# good cu_seq_lens, ids just outside [0, num_blocks) where rows read them, extreme ones, and a
+# request one column longer than block_table has; past_total: good but for a total past the
+# rows; issue_*: the filed issue's values; single: one request (the speculative block_table
+# fetch); shifted: one whose rows start off 0.
+GATHER_KINDS = ("valid", "bad_ids", "past_total", "issue_3", "issue_1", "monotone", "single", "shifted", "chaos",
+                "random")
+GATHER_REPEATS = 2
+
+
+@dataclass
+class GatherFuzz:
+    seed: str
+    kind: str
+    block_size: int
+    head_dim: int
+    nq: int
+    num_blocks: int
+    num_tokens: int
+    tpc: int
+    cu: list
+    bt: list
+    arena: Arena = field(repr=False)
+    tensors: tuple = field(repr=False)
+    err: torch.Tensor = field(repr=False)
+    plan: object = field(default=None, repr=False)
+    desc: str = field(default="", repr=False)
+    before: torch.Tensor = field(default=None, repr=False)
+
+    def describe(self, entry: str, debug: bool) -> str:
+        return (f"[{entry} debug={debug} seed={self.seed!r} kind={self.kind}] block_size={self.block_size} "
+                f"head_dim={self.head_dim} nq={self.nq} num_blocks={self.num_blocks} num_tokens={self.num_tokens} "
+                f"tokens_per_cta={self.tpc} cu_seq_lens={self.cu} block_table={self.bt}")
+
+
+def _gather_indices(rng, kind, T, bs):
+    """(cu_seq_lens, max_blocks) of one kind."""
+    pool = int32_pool(rng, T)
+    if kind == "issue_3":
+        return [0, I32_MIN, 5, 25], rng.randint(1, 6)
+    if kind == "issue_1":
+        return [I32_MIN, 5], rng.randint(1, 6)
+    if kind in ("valid", "bad_ids", "past_total"):
+        batch = rng.randint(1, 5)
+        lens = [0 if rng.random() < 0.2 else rng.randint(1, max(1, T // batch + 2)) for _ in range(batch)]
+        cu = [0]
+        for n in lens:
+            cu.append(min(max(0, T - rng.choice([0, 1, 3])), cu[-1] + n))
+        if kind == "past_total":
+            cu[-1] = T + 1  # (far past: monotone, chaos)
+        need = -(-max(min(b, T) - a for a, b in zip(cu, cu[1:])) // bs)
+        return cu, max(1, need - 1 if kind == "bad_ids" else need + rng.randint(0, 1))
+    if kind == "single":
+        cu = [rng.choice([0, 0] + pool), rng.choice(pool)]
+    elif kind == "shifted":  # columns that cover every row, distinct ids (gather_case)
+        cu = [rng.choice([-2 * bs, -3, -1, 1, 2, bs, T // 2]), rng.choice([T, T + 1, I32_MAX])]
+        return cu, -(-(T + 2 * bs) // bs)
+    elif kind == "monotone":
+        cu = sorted(rng.choice(pool) for _ in range(rng.randint(2, 6)))
+    elif kind == "chaos":
+        cu = [rng.choice(pool) for _ in range(rng.randint(2, 6))]
+    else:  # random
+        cu = [rng.randint(I32_MIN, I32_MAX) for _ in range(rng.randint(2, 6))]
+    return cu, rng.randint(1, 6)
+
+
+def gather_case(seed: str, kind: str, vec: int, shape: str) -> GatherFuzz:
+    rng = random.Random(seed)
+    if shape == "tiny":
+        hd, tpc = rng.choice([16, 64, 128]), 8
+    elif shape == "wide":
+        hd, tpc = rng.choice([(128, 256), (128, 130), (256, 100)])
+    else:
+        hd, tpc = rng.choice([16, 64, 128]), rng.choice([3, 5, 16, 37])
+    nq = rng.choice([q for q in (1, 2, 4) if hd % q == 0 and hd // q >= 4])
+    bs = rng.choice([1, 2, 3] if kind == "bad_ids" else [1, 2, 3, 16])
+    T = rng.randint(1, min(20, 4 * tpc))  # at most 4 blocks of 256 host threads
+    cu, mb = _gather_indices(rng, kind, T, bs)
+    batch = len(cu) - 1
+    nb = rng.randint(1, 8) if kind != "shifted" else mb + rng.randint(0, 3)
+    bt_pool = [I32_MIN, I32_MIN + 1, -1, -1, nb, nb, nb + 1, 1 << 30, I32_MAX - 1, I32_MAX,
+               rng.randint(I32_MIN, I32_MAX)]
+    p_bad = {"valid": 0.0, "past_total": 0.0}.get(kind, 0.3)
+    bt = [[rng.choice(bt_pool) if rng.random() < p_bad else rng.randrange(nb) for _ in range(mb)]
+          for _ in range(batch)]
+    if kind == "random":
+        bt = [[rng.randint(I32_MIN, I32_MAX) for _ in range(mb)] for _ in range(batch)]
+    if kind == "shifted":  # distinct ids: a row read through the wrong column shows
+        bt = [rng.sample(range(nb), mb)]
+    if kind == "bad_ids":  # the ids just outside [0, num_blocks) where rows read them
+        used = [(r, j) for r in range(batch) for j in range(min(mb, -(-(min(cu[r + 1], T) - cu[r]) // bs)))]
+        for (r, j), b in zip(rng.sample(used, min(len(used), 2)), (nb, -1)):
+            bt[r][j] = b
+
+    a = Arena()
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
+    cs = -(-(hd + 4 * nq) // 16) * 16 + rng.choice([0, 16])  # multiples of 16: the vector width is dst_k's choice
+    block_stride = bs * cs + rng.choice([0, 16])
+    kv_bytes = a.alloc(nb * block_stride)
+    kv_bytes.copy_(torch.randint(0, 256, kv_bytes.shape, dtype=torch.uint8, generator=gen))
+    kv = kv_bytes.as_strided((nb, bs, cs), (block_stride, cs, 1))
+    if rng.random() < 0.5:
+        kv = kv.view(torch.float8_e4m3fn)
+    k_row = hd + rng.choice([0, 16])
+    dst_k = a.alloc((T - 1) * k_row + hd, {16: 0, 8: 8, 4: 4}[vec]).as_strided((T, hd), (k_row, 1))
+    dst_k.fill_(SENTINEL)
+    if rng.random() < 0.5:
+        dst_k = dst_k.view(torch.float8_e4m3fn)
+    s_row = 4 * nq + rng.choice([0, 8])
+    dst_s = a.alloc((T - 1) * s_row + 4 * nq).as_strided((T, 4 * nq), (s_row, 1))
+    dst_s.fill_(SENTINEL)
+    if rng.random() < 0.5:
+        dst_s = dst_s.view(torch.float32)
+    bt_row = mb + rng.choice([0, 0, 3])  # strided: the columns past max_blocks hold valid-looking ids
+    bt_t = a.alloc(4 * ((batch - 1) * bt_row + mb)).view(torch.int32).as_strided((batch, mb), (bt_row, 1))
+    flat = bt_t.as_strided(((batch - 1) * bt_row + mb,), (1,))
+    flat.copy_(torch.randint(0, nb, flat.shape, dtype=torch.int32, generator=gen))
+    bt_t.copy_(torch.tensor(bt, dtype=torch.int32).view(batch, mb))
+    cu_t = a.alloc(4 * (batch + 1)).view(torch.int32)
+    cu_t.copy_(torch.tensor(cu, dtype=torch.int32))
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    return GatherFuzz(seed, kind, bs, hd, nq, nb, T, tpc, cu, bt, a, (kv, dst_k, dst_s, bt_t, cu_t), err)
+
+
+def _gather_candidates(c: GatherFuzz, row: int) -> list[tuple[int, int]]:
+    """(block, token) of every reading of ``row`` that the indices allow: request r with
+    cu[r] <= row < cu[r + 1], its column (row - cu[r]) // block_size < max_blocks holding an id
+    in [0, num_blocks). Exact integers: at most one for a non-decreasing cu_seq_lens."""
+    out = []
+    for r in range(len(c.cu) - 1):
+        if c.cu[r] <= row < c.cu[r + 1]:
+            pos = row - c.cu[r]
+            j = pos // c.block_size
+            if j < len(c.bt[r]) and 0 <= c.bt[r][j] < c.num_blocks:
+                out.append((c.bt[r][j], pos % c.block_size))
+    return out
+
+
+def gather_is_bad(c: GatherFuzz) -> bool:
+    """What the CPU path raises on (and debug mode must report)."""
+    cu = c.cu
+    if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] > c.num_tokens:
+        return True
+    return any(not _gather_candidates(c, row) for row in range(cu[-1]))
+
+
+def _check_gather_report(c: GatherFuzz, err: list[int]) -> str | None:
+    """None if debug mode's report ``err`` is right for the case, else what is wrong."""
+    code, a, b, v = err
+    cu, bs = c.cu, c.block_size
+    batch = len(cu) - 1
+    if not gather_is_bad(c):
+        return None if err == [0, 0, 0, 0] else f"reported {err} for good indices"
+    owner = 0 <= b < batch and 0 <= a < c.num_tokens and cu[b] <= a < cu[b + 1]
+    ok = {
+        1: 0 <= a < min(c.num_tokens, cu[-1]) and 0 <= b < batch and not owner and v == 0,
+        2: owner and v == (a - cu[b]) // bs >= len(c.bt[b]),
+        3: owner and (a - cu[b]) // bs < len(c.bt[b]) and v == c.bt[b][(a - cu[b]) // bs] and
+        not 0 <= v < c.num_blocks,
+        4: a == cu[0] != 0,
+        5: 0 <= a < batch and b == cu[a] and v == cu[a + 1] and v < b,
+        6: a == cu[-1] > c.num_tokens and b == c.num_tokens,
+    }.get(code, False)
+    return None if ok else f"debug report {err} does not describe a bad index of the case"
+
+
+def gather_launch(c: GatherFuzz, vec: int, shape: str, debug: bool) -> Launch:
+    """What the op would launch for the case (``shape`` forced through tokens_per_cta); keeps
+    the arena's bytes before it in c.before."""
+    kv, _, _, bt_t, cu_t = c.tensors
+    c.plan = gather.plan_gather(*c.tensors)._replace(tokens_per_cta=c.tpc)
+    name, grid, values = gather.launch_config(c.plan, c.err.data_ptr() if debug else 0)
+    c.desc = c.describe(gather.KERNEL_NAMES[vec, shape], debug)
+    assert name == gather.KERNEL_NAMES[vec, shape], c.desc
+    c.before = c.arena.bytes.clone()
+    return Launch(name, grid, gather.PARAMS.pack(*values), [span(kv), span(bt_t), span(cu_t)])
+
+
+def check_gather(c: GatherFuzz, debug: bool, outcome) -> None:
+    kv, dst_k, dst_s, _, _ = c.tensors
+    desc, plan, before = c.desc, c.plan, c.before
+    problem = launch_problem(*outcome)
+    assert problem is None, f"{problem}: {desc}"
+
+    expected = before.clone()
+    got_k, got_s = dst_k.view(torch.uint8), dst_s.view(torch.uint8)
+    old_k, old_s = same_view(dst_k, before), same_view(dst_s, before)
+    blocks = kv.view(torch.uint8).as_strided((c.num_blocks, plan.block_stride), (plan.block_stride, 1))
+    hd, ns, bs = c.head_dim, 4 * c.nq, c.block_size
+    monotone = all(a <= b for a, b in zip(c.cu, c.cu[1:]))
+    for row in range(c.num_tokens):
+        want = [(blocks[b, t * hd: (t + 1) * hd], blocks[b, bs * hd + t * ns: bs * hd + (t + 1) * ns])
+                for b, t in _gather_candidates(c, row)]
+        untouched = torch.equal(got_k[row], old_k[row]) and torch.equal(got_s[row], old_s[row])
+        matches = any(torch.equal(got_k[row], wk) and torch.equal(got_s[row], ws) for wk, ws in want)
+        if monotone:  # one reading at most: written with it, or untouched without
+            assert matches if want else untouched, \
+                f"row {row} should be {'its reading' if want else 'untouched'}: {desc}"
+        else:  # a written row must be one the indices allow
+            assert untouched or matches, f"row {row} written with bytes no reading of the indices gives: {desc}"
+    same_view(dst_k, expected).copy_(got_k)
+    same_view(dst_s, expected).copy_(got_s)
+
+    err = c.err.tolist()
+    if debug:
+        problem = _check_gather_report(c, err)
+        assert problem is None, f"{problem}: {desc}"
+        same_view(c.err, expected).copy_(c.err.view(torch.uint8))
+    regions = {n: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
+               for n, t in zip(("kv_cache", "dst_k", "dst_scale", "block_table", "cu_seq_lens", "err"),
+                               c.tensors + (c.err,))}
+    assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {desc}"
+
+
+@pytest.fixture(scope="module")
+def gather_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="gather")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[gather.KERNEL_NAMES[e] for e in GATHER_ENTRIES])
+def test_gather_index_fuzz(gather_emu, vec, shape, debug):
+    cases = [gather_case(f"gather-v{vec}{shape}-{kind}-{rep}", kind, vec, shape)
+             for rep in range(GATHER_REPEATS) for kind in GATHER_KINDS]
+    outcomes = run_isolated(gather_emu, [gather_launch(c, vec, shape, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_gather(c, debug, outcome)
+
+
+def test_a_fault_is_a_clean_failure(gather_emu):
+    """The harness itself: of three launches, the second's dst_k points at unmapped memory: its
+    child dies, the first is checked, the failure names the second, pytest lives on."""
+    cases = [gather_case(f"harness-{i}", "valid", 16, "") for i in range(3)]
+    launches = [gather_launch(c, 16, "", False) for c in cases]
+    cases[1].plan = cases[1].plan._replace(k_ptr=4096)
+    c = cases[1]
+    c.tensors[4].copy_(torch.arange(len(c.cu), dtype=torch.int32))  # a row per request: a store happens
+    c.tensors[3].zero_()
+    name, grid, values = gather.launch_config(c.plan)
+    launches[1] = Launch(name, grid, gather.PARAMS.pack(*values), [])
+    outcomes = run_isolated(gather_emu, launches)
+    check_gather(cases[0], False, outcomes[0])
+    assert outcomes[1][0] < 0 and "signal" in launch_problem(*outcomes[1])
+    assert launch_problem(*outcomes[2]).startswith("the launch did not run")
+
+
+# --- the write op -----------------------------------------------------------------------------
+
+QUANT_ENTRIES = [(dt, vec) for dt in ("bf16", "f16", "f32") for vec in (16, 8, 0)]
+QUANT_IDS = [f"{dt}_v{vec}" if vec else f"{dt}_any" for dt, vec in QUANT_ENTRIES]
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+# mixed: valid slots among extreme ones; extreme / random: every slot so; alias*: a one-block
+# cache of stride 0 told it has 2^40 slots, so valid slots pass 2^31 and 2^32 (the 64-bit
+# split of ng_split_slot for block sizes that are not powers of two, the shift for those that are).
+# one_bad: a single slot past the cache, in a later pass of its block.
+QUANT_KINDS = ("mixed", "one_bad", "extreme", "random", "alias", "alias_pow2")
+QUANT_REPEATS = 2
+
+
+@dataclass
+class QuantFuzz:
+    seed: str
+    kind: str
+    head_dim: int
+    qbs: int
+    block_size: int
+    num_blocks: int
+    num_slots: int      # what the kernel is told (alias: 2^40 over one block of stride 0)
+    scale_fmt: str
+    slots: list
+    arena: Arena = field(repr=False)
+    tensors: tuple = field(repr=False)  # k, kv_cache, slot_mapping
+    err: torch.Tensor = field(repr=False)
+    desc: str = field(default="", repr=False)
+    before: torch.Tensor = field(default=None, repr=False)
+
+    def describe(self, entry: str, debug: bool) -> str:
+        return (f"[{entry} debug={debug} seed={self.seed!r} kind={self.kind}] head_dim={self.head_dim} "
+                f"quant_block_size={self.qbs} block_size={self.block_size} num_blocks={self.num_blocks} "
+                f"num_slots={self.num_slots} {self.scale_fmt} slot_mapping={self.slots}")
+
+    def valid(self, s: int) -> bool:
+        return 0 <= s < self.num_slots
+
+
+def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
+    rng = random.Random(seed)
+    dtype = DTYPES[dt]
+    esize = torch.tensor([], dtype=dtype).element_size()
+    if vec:
+        elems = vec // esize
+        # 512: few tokens per pass, so a block makes several passes (one_bad's bad slot is in a late one)
+        hd = 512 if kind == "one_bad" else rng.choice([32, 128, 512])
+        qbs = rng.choice([q for q in (2, 4, 8, 16, 32, 64, 128, 512)
+                          if hd % q == 0 and q % elems == 0 and hd // q <= 16])
+        k_off = 0 if vec == 16 else 8                     # bytes past a 16-byte boundary
+        k_row = hd + rng.choice([0, 16 // esize])          # rows stay 16-byte aligned
+    else:
+        hd = rng.choice([12, 32, 64])
+        qbs = rng.choice([q for q in range(1, hd + 1) if hd % q == 0 and hd // q <= 16])
+        k_off = rng.choice([2, 4, 6]) if esize == 2 else 4  # not 8-byte aligned: the generic kernel
+        k_row = hd + rng.choice([0, 1])
+    nq = hd // qbs  # <= 16: the reference takes a quant block at a time
+    alias = kind.startswith("alias")
+    bs = {"alias": rng.choice([3, 5]), "alias_pow2": 16}.get(kind) or rng.choice([1, 3, 4, 16])
+    nb = 1 if alias else rng.randint(1, 6)
+    num_slots = (1 << 40) if alias else nb * bs
+    T = 24 if kind == "one_bad" else rng.randint(1, 24)
+
+    pool = [I64_MIN, I64_MIN + 1, -2**32, -2**31 - 1, I32_MIN, -1, num_slots, num_slots + 1, I32_MAX, 2**31,
+            2**32 - 1, 2**32, 2**32 + 1, 1 << 40, I64_MAX - 1, I64_MAX, rng.randint(I64_MIN, I64_MAX)]
+    if alias:  # every block is block 0: valid slots of distinct rows, many above 2^31
+        # The first slot >= each base that lands in the wanted row: below 2^31, in [2^31, 2^32)
+        # (past an int: the 64-bit split) and above 2^32.
+        bases = [2**31, 2**32 - 8, I32_MAX - 8, 2**32, (1 << 40) - 8, rng.randrange(1 << 31, 1 << 39)]
+        offs = rng.sample(range(bs), min(bs, T))
+        valid = [b + (t - b) % bs for b, t in zip(bases * bs, offs)]
+    else:
+        valid = rng.sample(range(num_slots), min(num_slots, T))
+        for s in (0, num_slots - 1):  # the edges of the cache when they fit
+            if s not in valid and rng.random() < 0.5:
+                valid[rng.randrange(len(valid))] = s
+    # one_bad: the last token of the vector kernels' first block (in its last pass), else the last.
+    bad_at = quant_cache.UNROLL * (THREADS_PER_BLOCK // (hd * esize // vec)) - 1 if vec else T - 1
+    valid_it = iter(valid)
+    slots = []
+    for _ in range(T):
+        if kind == "random":
+            s = rng.randint(I64_MIN, I64_MAX)
+        elif kind == "one_bad":
+            s = next(valid_it, -1) if len(slots) != bad_at else rng.choice([num_slots, I64_MAX, 2**32])
+        elif kind == "extreme" or rng.random() < 0.35:
+            s = rng.choice(pool)
+        else:
+            s = next(valid_it, -1)
+        slots.append(s)
+    # Two tokens for one cache row: which lands is unspecified, so a case has none (-1 instead).
+    seen = set()
+    for i, s in enumerate(slots):
+        if 0 <= s < num_slots:
+            row = s % bs if alias else s
+            slots[i] = -1 if row in seen else s
+            seen.add(row)
+
+    a = Arena()
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
+    extra = rng.choice([0, 2])  # rows of k past slot_mapping: never read
+    rows = T + extra
+    k_bytes = a.alloc(((rows - 1) * k_row + hd) * esize, k_off)
+    k = k_bytes.view(dtype).as_strided((rows, hd), (k_row, 1))
+    k.fill_(float("nan"))
+    lo, hi = (-3.0, 3.5) if dtype == torch.float16 else (-7.0, 4.0)
+    k[:T] = random_k_values(gen, T, hd, qbs, lo, hi).to(dtype)
+    cs = hd + 4 * nq + rng.choice([0, 4, 12])
+    block_stride = bs * cs + rng.choice([0, 0, 16])
+    kv_bytes = a.alloc((nb - 1) * block_stride + bs * cs)
+    kv_bytes.copy_(torch.randint(0, 256, kv_bytes.shape, dtype=torch.uint8, generator=gen))
+    kv = kv_bytes.as_strided((nb, bs, cs), (block_stride, cs, 1))
+    if rng.random() < 0.5:
+        kv = kv.view(torch.float8_e4m3fn)
+    sm = a.alloc(8 * T).view(torch.int64)
+    sm.copy_(torch.tensor(slots, dtype=torch.int64))
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    fmt = rng.choice(["ue8m0", "fp8_e4m3"])
+    return QuantFuzz(seed, kind, hd, qbs, bs, nb, num_slots, fmt, slots, a, (k, kv, sm), err)
+
+
+def quant_launch(c: QuantFuzz, dt: str, vec: int, debug: bool) -> Launch:
+    """What the op would launch for the case; keeps the arena's bytes before it in c.before."""
+    k, kv, sm = c.tensors
+    plan = quant_cache.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
+    name, grid, values = quant_cache.launch_config(plan, k.dtype, c.err.data_ptr() if debug else 0)
+    c.desc = c.describe(quant_cache.KERNEL_NAMES[DTYPES[dt], vec], debug)
+    assert name == quant_cache.KERNEL_NAMES[DTYPES[dt], vec], c.desc
+    if c.kind.startswith("alias"):  # one block of stride 0 that every block aliases, 2^40 slots
+        values = values[:5] + (0, c.num_slots) + values[7:]
+    T = len(c.slots)
+    k_hi = k.data_ptr() + ((T - 1) * k.stride(0) + k.size(1)) * k.element_size()  # rows past T: never read
+    c.before = c.arena.bytes.clone()
+    return Launch(name, grid, quant_cache.PARAMS.pack(*values), [(k.data_ptr(), k_hi), span(sm)])
+
+
+def check_quant(c: QuantFuzz, debug: bool, outcome) -> None:
+    k, kv, sm = c.tensors
+    desc, before, T = c.desc, c.before, len(c.slots)
+    problem = launch_problem(*outcome)
+    assert problem is None, f"{problem}: {desc}"
+
+    expected = before.clone()
+    kept = [(s % c.block_size if c.kind.startswith("alias") else s) if c.valid(s) else -1 for s in c.slots]
+    old_kv = same_view(kv, before)
+    want = quant_reference(k[:T], old_kv, torch.tensor(kept, dtype=torch.int64), c.qbs, c.scale_fmt)
+    same_view(kv, expected).copy_(want.view(old_kv.shape))
+
+    err = c.err.tolist()
+    if debug:
+        bad = [i for i, s in enumerate(c.slots) if s >= c.num_slots]
+        code, a, b, v = err
+        if bad:
+            assert code == 7 and a in bad and b == c.slots[a] and v == c.num_slots, f"debug report {err}: {desc}"
+        else:
+            assert err == [0, 0, 0, 0], f"debug report {err} for good slots: {desc}"
+        same_view(c.err, expected).copy_(c.err.view(torch.uint8))
+    regions = {n: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
+               for n, t in zip(("k", "kv_cache", "slot_mapping", "err"), c.tensors + (c.err,))}
+    assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {desc}"
+
+
+@pytest.fixture(scope="module")
+def quant_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="quant")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
+def test_quant_slot_fuzz(quant_emu, dt, vec, debug):
+    cases = [quant_case(f"quant-{dt}-v{vec}-{kind}-{rep}", kind, dt, vec)
+             for rep in range(QUANT_REPEATS) for kind in QUANT_KINDS]
+    outcomes = run_isolated(quant_emu, [quant_launch(c, dt, vec, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_quant(c, debug, outcome)
