@@ -140,8 +140,10 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
     if num_tokens > 1 and (k_row < head_dim or scale_row_stride < 4 * scale_words):
         raise ValueError(f"dst_k/dst_scale: rows overlap (dst_k.stride(0) = {k_row} < head_dim = {head_dim}, or "
                          f"dst_scale's row stride {scale_row_stride} bytes < {4 * scale_words})")
-    if (num_tokens | batch | max_blocks | num_blocks | block_size * head_dim) > v.INT32_MAX:
-        for name, what, value in (("dst_k", "num_tokens", num_tokens), ("block_table", "batch", batch),
+    # num_tokens + a block's rows: the kernel's last block computes its end row in 32 bits.
+    if (num_tokens + THREADS_PER_BLOCK | batch | max_blocks | num_blocks | block_size * head_dim) > v.INT32_MAX:
+        for name, what, value in (("dst_k", f"num_tokens + {THREADS_PER_BLOCK}", num_tokens + THREADS_PER_BLOCK),
+                                  ("block_table", "batch", batch),
                                   ("block_table", "max_blocks", max_blocks),
                                   ("kv_cache", "num_blocks", num_blocks),
                                   ("kv_cache", "block_size * head_dim", block_size * head_dim)):

@@ -1,17 +1,6 @@
-"""Index fuzzing of both kernels on the host emulator (tests/cuda_host_emu.cpp): random and
-extreme int32 values of cu_seq_lens and block_table, int64 values of slot_mapping, through
-every entry point of cuda_src/gather_indexer_k.cu and cuda_src/quant_cache.cu, with and
-without the debug error buffer.
-
-The contract (docs/contract.md §3): for every index value the kernels read and write only
-the tensors they are given; a row with bad indices is skipped (and reported in debug mode),
-every other row is written bit-exactly. Every buffer of a case lives in one shared anonymous
-mapping whose other bytes hold a guard pattern (GUARD bytes at least on each side), and the
-whole mapping is compared with what the reference says afterwards; the emulator counts each
-__ldg outside the buffers the kernel may read (and reads zeros there); a test's launches run in
-a forked child (emu_launch_isolated), so a stray access that faults fails the case it happened
-in instead of killing pytest. Each case has its own seed; a failure prints the case's values.
-Skipped without a C++20 compiler or fork()."""
+"""Case builders and checks of the index fuzz (tests/emulator/test_index_fuzz_emulated.py,
+tests/gpu/test_index_extremes_gpu.py): each case laid out in one buffer with guard bytes
+around every tensor, the launches the op would make, and what the buffer must hold after."""
 from __future__ import annotations
 
 import ctypes
@@ -23,10 +12,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from nvrtc_gather import gather, quant_cache
-from nvrtc_gather.kernels import THREADS_PER_BLOCK
-from host_emu import emulator
-from reference import SENTINEL, quant_reference, random_k_values
+from nvrtc_gather.jit import catalogue
+from nvrtc_gather.ops import gather, indexer_k_quant
+from nvrtc_gather.jit.catalogue import THREADS_PER_BLOCK
+from helpers.host_emu import emulator
+from helpers.reference import SENTINEL, quant_reference, random_k_values
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork() to isolate the launches")
 
@@ -68,6 +58,11 @@ def same_view(t: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """The bytes of arena view ``t`` (any dtype, as uint8) inside another arena-sized tensor."""
     u = t.view(torch.uint8)
     return whole.as_strided(u.shape, u.stride(), u.storage_offset())
+
+
+def pack(params, values: tuple, err_ptr: int) -> bytes:
+    """The struct bytes runtime.LoadedModule.launch would pass: ``values`` then the error buffer."""
+    return params.layout.pack(*values, err_ptr)
 
 
 @dataclass
@@ -310,11 +305,12 @@ def gather_launch(c: GatherFuzz, vec: int, shape: str, debug: bool) -> Launch:
     the arena's bytes before it in c.before."""
     kv, _, _, bt_t, cu_t = c.tensors
     c.plan = gather.plan_gather(*c.tensors)._replace(tokens_per_cta=c.tpc)
-    name, grid, values = gather.launch_config(c.plan, c.err.data_ptr() if debug else 0)
-    c.desc = c.describe(gather.KERNEL_NAMES[vec, shape], debug)
-    assert name == gather.KERNEL_NAMES[vec, shape], c.desc
+    name, grid, values = gather.launch_config(c.plan)
+    c.desc = c.describe(catalogue.GATHER_ENTRIES[vec, shape], debug)
+    assert name == catalogue.GATHER_ENTRIES[vec, shape], c.desc
     c.before = c.arena.bytes.clone()
-    return Launch(name, grid, gather.PARAMS.pack(*values), [span(kv), span(bt_t), span(cu_t)])
+    return Launch(name, grid, pack(catalogue.GATHER_PARAMS, values, c.err.data_ptr() if debug else 0),
+                  [span(kv), span(bt_t), span(cu_t)])
 
 
 def check_gather(c: GatherFuzz, debug: bool, outcome) -> None:
@@ -351,38 +347,6 @@ def check_gather(c: GatherFuzz, debug: bool, outcome) -> None:
                for n, t in zip(("kv_cache", "dst_k", "dst_scale", "block_table", "cu_seq_lens", "err"),
                                c.tensors + (c.err,))}
     assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {desc}"
-
-
-@pytest.fixture(scope="module")
-def gather_emu(tmp_path_factory):
-    return emulator(tmp_path_factory, kernel="gather")
-
-
-@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[gather.KERNEL_NAMES[e] for e in GATHER_ENTRIES])
-def test_gather_index_fuzz(gather_emu, vec, shape, debug):
-    cases = [gather_case(f"gather-v{vec}{shape}-{kind}-{rep}", kind, vec, shape)
-             for rep in range(GATHER_REPEATS) for kind in GATHER_KINDS]
-    outcomes = run_isolated(gather_emu, [gather_launch(c, vec, shape, debug) for c in cases])
-    for c, outcome in zip(cases, outcomes):
-        check_gather(c, debug, outcome)
-
-
-def test_a_fault_is_a_clean_failure(gather_emu):
-    """The harness itself: of three launches, the second's dst_k points at unmapped memory: its
-    child dies, the first is checked, the failure names the second, pytest lives on."""
-    cases = [gather_case(f"harness-{i}", "valid", 16, "") for i in range(3)]
-    launches = [gather_launch(c, 16, "", False) for c in cases]
-    cases[1].plan = cases[1].plan._replace(k_ptr=4096)
-    c = cases[1]
-    c.tensors[4].copy_(torch.arange(len(c.cu), dtype=torch.int32))  # a row per request: a store happens
-    c.tensors[3].zero_()
-    name, grid, values = gather.launch_config(c.plan)
-    launches[1] = Launch(name, grid, gather.PARAMS.pack(*values), [])
-    outcomes = run_isolated(gather_emu, launches)
-    check_gather(cases[0], False, outcomes[0])
-    assert outcomes[1][0] < 0 and "signal" in launch_problem(*outcomes[1])
-    assert launch_problem(*outcomes[2]).startswith("the launch did not run")
 
 
 # --- the write op -----------------------------------------------------------------------------
@@ -462,7 +426,7 @@ def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
             if s not in valid and rng.random() < 0.5:
                 valid[rng.randrange(len(valid))] = s
     # one_bad: the last token of the vector kernels' first block (in its last pass), else the last.
-    bad_at = quant_cache.UNROLL * (THREADS_PER_BLOCK // (hd * esize // vec)) - 1 if vec else T - 1
+    bad_at = indexer_k_quant.UNROLL * (THREADS_PER_BLOCK // (hd * esize // vec)) - 1 if vec else T - 1
     valid_it = iter(valid)
     slots = []
     for _ in range(T):
@@ -510,16 +474,20 @@ def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
 def quant_launch(c: QuantFuzz, dt: str, vec: int, debug: bool) -> Launch:
     """What the op would launch for the case; keeps the arena's bytes before it in c.before."""
     k, kv, sm = c.tensors
-    plan = quant_cache.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
-    name, grid, values = quant_cache.launch_config(plan, k.dtype, c.err.data_ptr() if debug else 0)
-    c.desc = c.describe(quant_cache.KERNEL_NAMES[DTYPES[dt], vec], debug)
-    assert name == quant_cache.KERNEL_NAMES[DTYPES[dt], vec], c.desc
+    plan = indexer_k_quant.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
+    name, grid, values = indexer_k_quant.launch_config(plan, k.dtype)
+    c.desc = c.describe(catalogue.QUANT_ENTRIES[dt, vec], debug)
+    assert name == catalogue.QUANT_ENTRIES[dt, vec], c.desc
     if c.kind.startswith("alias"):  # one block of stride 0 that every block aliases, 2^40 slots
-        values = values[:5] + (0, c.num_slots) + values[7:]
+        names = [name for name, _ in catalogue.QUANT_PARAMS.fields]
+        i = names.index("block_stride")
+        assert names[i + 1] == "num_slots"
+        values = values[:i] + (0, c.num_slots) + values[i + 2:]
     T = len(c.slots)
     k_hi = k.data_ptr() + ((T - 1) * k.stride(0) + k.size(1)) * k.element_size()  # rows past T: never read
     c.before = c.arena.bytes.clone()
-    return Launch(name, grid, quant_cache.PARAMS.pack(*values), [(k.data_ptr(), k_hi), span(sm)])
+    return Launch(name, grid, pack(catalogue.QUANT_PARAMS, values, c.err.data_ptr() if debug else 0),
+                  [(k.data_ptr(), k_hi), span(sm)])
 
 
 def check_quant(c: QuantFuzz, debug: bool, outcome) -> None:
@@ -546,18 +514,3 @@ def check_quant(c: QuantFuzz, debug: bool, outcome) -> None:
     regions = {n: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
                for n, t in zip(("k", "kv_cache", "slot_mapping", "err"), c.tensors + (c.err,))}
     assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {desc}"
-
-
-@pytest.fixture(scope="module")
-def quant_emu(tmp_path_factory):
-    return emulator(tmp_path_factory, kernel="quant")
-
-
-@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
-def test_quant_slot_fuzz(quant_emu, dt, vec, debug):
-    cases = [quant_case(f"quant-{dt}-v{vec}-{kind}-{rep}", kind, dt, vec)
-             for rep in range(QUANT_REPEATS) for kind in QUANT_KINDS]
-    outcomes = run_isolated(quant_emu, [quant_launch(c, dt, vec, debug) for c in cases])
-    for c, outcome in zip(cases, outcomes):
-        check_quant(c, debug, outcome)

@@ -1,8 +1,9 @@
 """Extreme and random index values through the public ops on a GPU: the cases of
-test_index_fuzz_emulated.py (same seeds' kinds, same checks), each laid out in one device
-buffer whose bytes outside the op's tensors hold a guard pattern, run by
-cp_gather_indexer_k_quant_cache (every entry point, its shape forced through
-gather.tokens_per_cta) and indexer_k_quant_and_cache (every entry point), with
+tests/emulator/test_index_fuzz_emulated.py (same kinds, same checks: helpers/index_fuzz.py), each
+laid out in one device buffer whose bytes outside the op's tensors hold a guard pattern, run
+by cp_gather_indexer_k_quant_cache (every entry point: its shape forced through the op's
+``prepared(tokens_per_cta=)`` hook, which launches as the op does) and
+indexer_k_quant_and_cache (every entry point, through the public op), with
 NVRTC_GATHER_DEBUG unset and set. Afterwards the whole buffer must be what the reference
 says: rows with good indices bit-exact, rows with bad ones and every guard byte untouched.
 In debug mode an op must raise ValueError exactly when an index is bad. Meant to run under
@@ -12,9 +13,10 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
-from nvrtc_gather import gather, quant_cache
-from test_index_fuzz_emulated import (DTYPES, GATHER_ENTRIES, GATHER_KINDS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
-                                      check_gather, check_quant, gather_case, gather_is_bad, quant_case)
+from helpers.index_fuzz import (DTYPES, GATHER_ENTRIES, GATHER_KINDS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
+                                check_gather, check_quant, gather_case, gather_is_bad, quant_case)
+from nvrtc_gather.jit import catalogue
+from nvrtc_gather.ops import gather, indexer_k_quant
 
 pytestmark = pytest.mark.gpu
 
@@ -50,19 +52,18 @@ def _call(op, args, expect_error, desc):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[gather.KERNEL_NAMES[e] for e in GATHER_ENTRIES])
+@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[catalogue.GATHER_ENTRIES[e] for e in GATHER_ENTRIES])
 def test_gather_extreme_indices(vec, shape, debug, monkeypatch):
     _debug(monkeypatch, debug)
-    entry = gather.KERNEL_NAMES[vec, shape]
+    entry = catalogue.GATHER_ENTRIES[vec, shape]
     for kind in GATHER_KINDS:
         c = gather_case(f"gpu-gather-v{vec}{shape}-{kind}", kind, vec, shape)
-        monkeypatch.setattr(gather, "tokens_per_cta", lambda head_dim, num_tokens, sm_count, tpc=c.tpc: tpc)
-        c.plan = gather.plan_gather(*c.tensors)  # the CPU plan: block_stride for the check
+        c.plan = gather.plan_gather(*c.tensors)._replace(tokens_per_cta=c.tpc)  # the CPU plan: block_stride
         c.desc = c.describe(entry, debug)
         c.before = c.arena.bytes.clone()
         dev, args = _on_device(c)
-        assert gather.kernel_name(gather.plan_gather(*args)) == entry, c.desc
-        _call(ng.cp_gather_indexer_k_quant_cache, args, debug and gather_is_bad(c), c.desc)
+        assert gather.kernel_name(gather.plan_gather(*args)._replace(tokens_per_cta=c.tpc)) == entry, c.desc
+        _call(gather.prepared(*args, tokens_per_cta=c.tpc), (), debug and gather_is_bad(c), c.desc)
         c.arena.bytes.copy_(dev.cpu())
         check_gather(c, False, (0, 0, 0))  # (the op's own error buffer, not the case's, in debug mode)
 
@@ -71,7 +72,7 @@ def test_gather_extreme_indices(vec, shape, debug, monkeypatch):
 @pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
 def test_quant_extreme_slots(dt, vec, debug, monkeypatch):
     _debug(monkeypatch, debug)
-    entry = quant_cache.KERNEL_NAMES[DTYPES[dt], vec]
+    entry = catalogue.QUANT_ENTRIES[dt, vec]
     for kind in QUANT_KINDS:
         if kind.startswith("alias"):  # needs a cache the op's checks refuse (stride 0): emulator only
             continue
@@ -79,7 +80,8 @@ def test_quant_extreme_slots(dt, vec, debug, monkeypatch):
         c.desc = c.describe(entry, debug)
         c.before = c.arena.bytes.clone()
         dev, (k, kv, sm) = _on_device(c)
-        assert quant_cache.KERNEL_NAMES[k.dtype, quant_cache.plan_quant(k, kv, sm, c.qbs, c.scale_fmt).vec] == entry
+        plan = indexer_k_quant.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
+        assert indexer_k_quant.launch_config(plan, k.dtype)[0] == entry, c.desc
         bad = any(s >= c.num_slots for s in c.slots)
         _call(ng.indexer_k_quant_and_cache, (k, kv, sm, c.qbs, c.scale_fmt), debug and bad, c.desc)
         c.arena.bytes.copy_(dev.cpu())

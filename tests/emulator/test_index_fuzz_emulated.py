@@ -1,0 +1,69 @@
+"""Index fuzzing of both kernels on the host emulator (tests/helpers/cuda_host_emu.cpp): random and
+extreme int32 values of cu_seq_lens and block_table, int64 values of slot_mapping, through
+every entry point of cuda_src/gather_indexer_k.cu and cuda_src/quant_cache.cu, with and
+without the debug error buffer.
+
+The contract (docs/contract.md §3): for every index value the kernels read and write only
+the tensors they are given; a row with bad indices is skipped (and reported in debug mode),
+every other row is written bit-exactly. Every buffer of a case lives in one shared anonymous
+mapping whose other bytes hold a guard pattern (GUARD bytes at least on each side), and the
+whole mapping is compared with what the reference says afterwards; the emulator counts each
+__ldg outside the buffers the kernel may read (and reads zeros there); a test's launches run in
+a forked child (emu_launch_isolated), so a stray access that faults fails the case it happened
+in instead of killing pytest. Each case has its own seed; a failure prints the case's values.
+Skipped without a C++20 compiler or fork()."""
+import pytest
+import torch
+
+from helpers.host_emu import emulator
+from helpers.index_fuzz import (GATHER_ENTRIES, GATHER_KINDS, GATHER_REPEATS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
+                                QUANT_REPEATS, Launch, check_gather, check_quant, gather_case, gather_launch,
+                                launch_problem, pack, quant_case, quant_launch, run_isolated)
+from nvrtc_gather.jit import catalogue
+from nvrtc_gather.ops import gather
+
+@pytest.fixture(scope="module")
+def gather_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="gather")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[catalogue.GATHER_ENTRIES[e] for e in GATHER_ENTRIES])
+def test_gather_index_fuzz(gather_emu, vec, shape, debug):
+    cases = [gather_case(f"gather-v{vec}{shape}-{kind}-{rep}", kind, vec, shape)
+             for rep in range(GATHER_REPEATS) for kind in GATHER_KINDS]
+    outcomes = run_isolated(gather_emu, [gather_launch(c, vec, shape, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_gather(c, debug, outcome)
+
+
+def test_a_fault_is_a_clean_failure(gather_emu):
+    """The harness itself: of three launches, the second's dst_k points at unmapped memory: its
+    child dies, the first is checked, the failure names the second, pytest lives on."""
+    cases = [gather_case(f"harness-{i}", "valid", 16, "") for i in range(3)]
+    launches = [gather_launch(c, 16, "", False) for c in cases]
+    cases[1].plan = cases[1].plan._replace(k_ptr=4096)
+    c = cases[1]
+    c.tensors[4].copy_(torch.arange(len(c.cu), dtype=torch.int32))  # a row per request: a store happens
+    c.tensors[3].zero_()
+    name, grid, values = gather.launch_config(c.plan)
+    launches[1] = Launch(name, grid, pack(catalogue.GATHER_PARAMS, values, 0), [])
+    outcomes = run_isolated(gather_emu, launches)
+    check_gather(cases[0], False, outcomes[0])
+    assert outcomes[1][0] < 0 and "signal" in launch_problem(*outcomes[1])
+    assert launch_problem(*outcomes[2]).startswith("the launch did not run")
+
+
+@pytest.fixture(scope="module")
+def quant_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="quant")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
+def test_quant_slot_fuzz(quant_emu, dt, vec, debug):
+    cases = [quant_case(f"quant-{dt}-v{vec}-{kind}-{rep}", kind, dt, vec)
+             for rep in range(QUANT_REPEATS) for kind in QUANT_KINDS]
+    outcomes = run_isolated(quant_emu, [quant_launch(c, dt, vec, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_quant(c, debug, outcome)
