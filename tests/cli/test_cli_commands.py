@@ -13,7 +13,7 @@ from nvrtc_gather.cli import cache as cli_cache, info, warmup
 from nvrtc_gather import cli
 from nvrtc_gather.errors import CompileError, MissingDependencyError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 KNOWN = (75, 80, 86, 87, 89, 90, 100, 120, 121)
 
 # A fresh process builds every module for the archs in argv; prints compiles and disk hits.

@@ -213,7 +213,7 @@ def test_second_process_on_warm_cache_compiles_nothing(tmp_path):
             "batch=3), 'cuda'); ng.cp_gather_indexer_k_quant_cache(*c.args()); torch.cuda.synchronize();"
             "print(build.stats['compiles'])")
     env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=str(tmp_path))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     first = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
     second = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr

@@ -14,7 +14,7 @@ import nvrtc_gather as ng
 from helpers.reference import SENTINEL, gather_reference, make_gather_case, to_device
 
 pytestmark = pytest.mark.gpu
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
 def _fixed_shape_contents(rng, batch, max_blocks, num_blocks, block_size, rows, cs=132):

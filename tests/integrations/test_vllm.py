@@ -77,8 +77,11 @@ OVERRIDE = """
     def stub_kernel(*args):
         raise RuntimeError("vLLM's stub kernel ran")
     for name in ("cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"):
-        stub.impl(name, stub_kernel, "CUDA")
-        stub.impl(name, stub_kernel, "CPU")
+        # vLLM's kernels are registered from C++; torch < 2.13 refuses to override a kernel that
+        # another Python Library registered, so the stand-in registers its kernels as C++ does,
+        # straight with the dispatcher (not through Library.impl's Python bookkeeping).
+        stub.m.impl(name, "CUDA", stub_kernel, False)
+        stub.m.impl(name, "CPU", stub_kernel, False)
     from nvrtc_gather.integrations import vllm
     vllm.register()
     out = {}

@@ -103,7 +103,7 @@ def test_image_does_not_depend_on_the_working_directory(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout
     cwds = [tmp_path / "first_cwd_d1f0a7", tmp_path / "elsewhere" / "second_cwd_9c2e4b"]
     procs = []
     for i, cwd in enumerate(cwds):

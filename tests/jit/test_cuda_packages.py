@@ -86,7 +86,7 @@ def test_driver_match_hints_are_installable(major, minor):
 def test_every_hint_in_the_package_is_installable():
     """No message anywhere names an NVRTC version that does not exist (e.g. nvidia-cuda-nvrtc==12.*)."""
     from pathlib import Path
-    root = Path(compiler.__file__).resolve().parent
+    root = Path(compiler.__file__).resolve().parents[1]  # the package
     text = "\n".join(p.read_text() for p in root.rglob("*.py"))
     for req in re.findall(r"'(nvidia-cuda-nvrtc[a-z0-9-]*==[0-9.*]+)'", text):
         assert_installable(req)
