@@ -440,11 +440,17 @@ def main(argv=None) -> int:
     ap.add_argument("--gather-variants", action="store_true",
                     help="also check and time the benchmark builds of the gather kernel (GATHER_VARIANTS)")
     ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
+    ap.add_argument("--host-cost-only", action="store_true", help="only the host cost per call (host_cost.json)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/bench.py: no CUDA GPU visible; the benchmark needs one.", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.host_cost_only:
+        host = host_cost()
+        (args.out / "host_cost.json").write_text(json.dumps({"environment": environment(), "host_cost": host}, indent=2))
+        print(json.dumps(host, indent=1))
+        return 0
     env = environment()
     print(env)
     print(HEADER)

@@ -76,20 +76,24 @@ class LoadedModule:
         ``values``: the struct's fields but the last (the error buffer)."""
         if settings.debug_enabled():
             err = error_buffer(self.device)
-            self._launch(self.functions[entry], grid, values + (err.data_ptr(),), stream)
+            self._launch(self.functions[entry], grid, values, err.data_ptr(), stream)
             raise_if_set(err, self.module.label)
         else:
-            self._launch(self.functions[entry], grid, values + (0,), stream)
+            self._launch(self.functions[entry], grid, values, 0, stream)
 
-    def _launch(self, function: int, grid: int, values: tuple, stream: int) -> None:
-        # cuLaunchKernelEx with a prepared config: 4 arguments through ctypes instead of 11.
-        raw = self._raw
-        buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
-        self._pack(buf, 0, *values)
+    def _launch(self, function: int, grid: int, values: tuple, err_ptr: int, stream: int) -> None:
+        # Every op call runs this: kept to one pack, two config fields, the context check and
+        # cuLaunchKernelEx (4 arguments through ctypes instead of cuLaunchKernel's 11).
+        try:
+            buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _tls.state
+        except AttributeError:
+            buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
+        self._pack(buf, 0, *values, err_ptr)
         cfg.gridDimX = grid
         cfg.hStream = stream
+        raw = self._raw
         raw.ctx_get_current(cur_ref)
-        if cur.value == self._context:  # the usual case, checked inline: this runs on every op call
+        if cur.value == self._context:  # the usual case
             rc = raw.launch_ex(cfg_addr, function, params, None)
         else:  # tensors on another device than the current one, or a thread that never used CUDA
             rc = driver.in_primary_context(self.device, lambda: raw.launch_ex(cfg_addr, function, params, None))
@@ -156,6 +160,11 @@ def load(module: KernelModule, device: int, stream: int = 0) -> LoadedModule:
         handle = LoadedModule(module, device, _build_and_load(module, device))
         _loaded[module.name, device] = handle
         return handle
+
+
+def loaded() -> frozenset[tuple[str, int]]:
+    """(module name, device) of every module loaded so far."""
+    return frozenset(_loaded)
 
 
 def preload(device: int | None = None, modules=None) -> None:

@@ -114,6 +114,10 @@ PLUGIN = """
 
 
 def test_plugin_entry_point_is_declared_and_opt_in():
+    try:
+        metadata.version("nvrtc-gather")
+    except metadata.PackageNotFoundError:
+        pytest.skip("nvrtc-gather is not installed here (a checkout on PYTHONPATH has no entry points)")
     eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "nvrtc_gather"]
     if not eps:
         pytest.fail("the vllm.general_plugins entry point nvrtc_gather is not installed (reinstall the package)")
