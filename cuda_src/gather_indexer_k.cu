@@ -24,9 +24,7 @@
 // so a huge position fails the max_blocks check instead of wrapping negative.
 //
 // Shared memory is kept to 2 KiB on purpose: the driver sizes the SM's shared-memory
-// carve-out by it, and under Nsight Compute the 7-9 KiB builds (v5's whole small
-// block_tables there, v6's first try with cu_seq_lens there too) ran 0.1-0.5 us slower
-// than this on every workload measured (benchmarks/NOTES.md, v6).
+// carve-out by it, and builds with more ran slower on every workload (benchmarks/NOTES.md, v6).
 #include "gather_params.cuh"
 
 // x / d for any x < 2^32 (FastDiv takes x < 2^31).
@@ -89,7 +87,8 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
     // last request): nothing waits for the total before the first byte moves.
     // row0 + tokens_per_cta fits for num_tokens <= INT32_MAX - NG_THREADS. Kept signed: the
-    // compiler may then assume it does, and an overflow-free form measured ~3% slower.
+    // compiler may then assume it does; an overflow-free form was slower (benchmarks/NOTES.md, v9).
+    // The host keeps num_tokens + NG_THREADS within int32 (ops/gather.py).
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
     const FastDiv by_block(p.block_size), by_words(p.scale_words);

@@ -184,9 +184,8 @@ def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
     calls are spread over every SM (about 2 blocks each), since latency bounds them; at
     the floor of 8 rows (one per warp) the tiny kernel runs them (kernel_name).
     A call whose 16 KiB blocks fill between 3/4 of one wave and one wave gets blocks
-    twice that size, run by the wide kernels (8 loads in flight per thread): measured
-    0.3-0.6 us faster at 0.8-1 wave, 0.2-0.4 us slower at 0.3-0.74 wave
-    (benchmarks/NOTES.md, v7)."""
+    twice that size, run by the wide kernels (8 loads in flight per thread): faster there,
+    slower below 3/4 of a wave (benchmarks/NOTES.md, v7)."""
     most = max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
     wave = most * sm_count * _CTAS_PER_SM  # rows of one wave of 16 KiB blocks
     if 2 * most <= THREADS_PER_BLOCK and wave >= num_tokens > wave * 3 // 4:
