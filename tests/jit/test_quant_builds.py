@@ -12,6 +12,6 @@ def test_hardware_fp8_conversion_only_where_it_exists():
     compute_80 (no such instruction) nor in the NG_SOFT_FP8 build."""
     ptx = {(m.name, a): compiler.compile_module(m, compiler.Target(f"compute_{a}")).image
            for m, a in ((catalogue.QUANT, 90), (catalogue.QUANT, 80), (QUANT_SOFT_FP8, 90))}
-    assert CVT in ptx["quant_cache", 90]
-    assert CVT not in ptx["quant_cache", 80]
+    assert CVT in ptx[catalogue.QUANT.name, 90]
+    assert CVT not in ptx[catalogue.QUANT.name, 80]
     assert CVT not in ptx["quant_cache_soft", 90]
