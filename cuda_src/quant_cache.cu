@@ -436,22 +436,41 @@ __device__ __forceinline__ void quant_any(const QuantParams& p) {
     *reinterpret_cast<float*>(base + (i64)p.block_size * p.head_dim + ((i64)off * nq + q) * 4) = scale;
 }
 
-// Fixed extern "C" names: the host finds them without NVRTC name expressions. Each k dtype is
-// its own module (nvrtc_gather/jit/catalogue.py: -DNG_QUANT_K=1 bf16, 2 f16, 4 f32), so a
-// process compiles only the dtype it writes; without NG_QUANT_K (the host emulator, test
-// builds) all are built.
-#if !defined(NG_QUANT_K) || NG_QUANT_K == 1
+// Fixed extern "C" names: the host finds them without NVRTC name expressions. Each entry point
+// is its own module (nvrtc_gather/jit/catalogue.py: -DNG_QUANT_K=1 bf16, 2 f16, 4 f32 and
+// -DNG_QUANT_VEC=16, 8, or 0 for the generic kernel), so a process compiles only what its
+// writes use; without them (the host emulator, test builds) all nine are built.
+#ifndef NG_QUANT_K
+#define NG_QUANT_K 0     // every k dtype
+#endif
+#ifndef NG_QUANT_VEC
+#define NG_QUANT_VEC -1  // every width
+#endif
+#define NG_QUANT_ENTRY(K, VEC) ((NG_QUANT_K == 0 || NG_QUANT_K == K) && (NG_QUANT_VEC == -1 || NG_QUANT_VEC == VEC))
+#if NG_QUANT_ENTRY(1, 16)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_v16(const QuantParams p) { quant_vec<Bf16, 16>(p); }
+#endif
+#if NG_QUANT_ENTRY(1, 8)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_v8(const QuantParams p) { quant_vec<Bf16, 8>(p); }
+#endif
+#if NG_QUANT_ENTRY(1, 0)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_any(const QuantParams p) { quant_any<Bf16>(p); }
 #endif
-#if !defined(NG_QUANT_K) || NG_QUANT_K == 2
+#if NG_QUANT_ENTRY(2, 16)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_v16(const QuantParams p) { quant_vec<F16, 16>(p); }
+#endif
+#if NG_QUANT_ENTRY(2, 8)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_v8(const QuantParams p) { quant_vec<F16, 8>(p); }
+#endif
+#if NG_QUANT_ENTRY(2, 0)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_any(const QuantParams p) { quant_any<F16>(p); }
 #endif
-#if !defined(NG_QUANT_K) || NG_QUANT_K == 4
+#if NG_QUANT_ENTRY(4, 16)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_v16(const QuantParams p) { quant_vec<F32, 16>(p); }
+#endif
+#if NG_QUANT_ENTRY(4, 8)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_v8(const QuantParams p) { quant_vec<F32, 8>(p); }
+#endif
+#if NG_QUANT_ENTRY(4, 0)
 extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_any(const QuantParams p) { quant_any<F32>(p); }
 #endif

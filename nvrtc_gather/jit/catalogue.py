@@ -78,18 +78,18 @@ QUANT_ENTRIES = {(dt, vec): f"quant_cache_{dt}_{f'v{vec}' if vec else 'any'}"
 # --fmad=false: no a*b+c contraction; --ftz=false: subnormals kept (the default, made explicit).
 # Together they keep the kernel's fp32 arithmetic exactly the torch path's.
 QUANT_OPTIONS = ("--fmad=false", "--ftz=false")
-# One module per k dtype (-DNG_QUANT_K selects its entry points): an engine writes one dtype,
-# so its first write compiles a third of the file.
+# One module per entry point (-DNG_QUANT_K and -DNG_QUANT_VEC select it): an engine writes one
+# k dtype with one alignment, so its first write compiles one ninth of the file.
 _QUANT_K = {"bf16": 1, "f16": 2, "f32": 4}
-QUANT_MODULES = {dt: KernelModule(
-    name=f"quant_cache_{dt}",
+QUANT_MODULES = {(dt, vec): KernelModule(
+    name=f"quant_cache_{dt}_{f'v{vec}' if vec else 'any'}",
     source="quant_cache.cu",
-    kernels=tuple(name for (d, _), name in QUANT_ENTRIES.items() if d == dt),
+    kernels=(QUANT_ENTRIES[dt, vec],),
     params=QUANT_PARAMS,
     label="indexer_k_quant_and_cache",
-    options=QUANT_OPTIONS + (f"-DNG_QUANT_K={code}",),
-) for dt, code in _QUANT_K.items()}
-QUANT = QUANT_MODULES["bf16"]  # what DeepSeek-V3.2 writes
+    options=QUANT_OPTIONS + (f"-DNG_QUANT_K={_QUANT_K[dt]}", f"-DNG_QUANT_VEC={vec}"),
+) for dt, vec in QUANT_ENTRIES}
+QUANT = QUANT_MODULES["bf16", 16]  # what DeepSeek-V3.2 writes
 
 # Every module the ops can launch (the warmup tool compiles all of them).
 ALL_MODULES: tuple[KernelModule, ...] = (*GATHER_MODULES.values(), *QUANT_MODULES.values())

@@ -188,7 +188,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         return
     if plan.num_tokens == 0:
         return
-    _launch(plan, k.dtype, QUANT_MODULES[_TYPE_NAMES[k.dtype]])
+    _launch(plan, k.dtype, QUANT_MODULES[_TYPE_NAMES[k.dtype], plan.vec])
 
 
 def _launch(plan: QuantPlan, k_dtype: torch.dtype, module) -> None:
@@ -205,7 +205,7 @@ def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=N
 
     def run(_keep=(k, kv_cache, slot_mapping)):  # the tensors outlive it
         if plan.num_tokens:
-            _launch(plan, k.dtype, module or QUANT_MODULES[_TYPE_NAMES[k.dtype]])
+            _launch(plan, k.dtype, module or QUANT_MODULES[_TYPE_NAMES[k.dtype], plan.vec])
     return run
 
 
