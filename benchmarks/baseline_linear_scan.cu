@@ -1,6 +1,6 @@
 // Benchmark baseline only (never used by the ops): the gather as vLLM's shipped kernel
 // does it, where every thread block finds each of its tokens' request by a linear scan
-// of cu_seq_lens (DESIGN.md section 1). Same parameters as gather_indexer_k.cu.
+// of cu_seq_lens (docs/contract.md section 1). Same parameters as cuda_src/gather_indexer_k.cu.
 #include "gather_params.cuh"
 
 // 8 warps per block, one token per warp; lanes scan the batch, then copy 16-byte vectors.

@@ -10,7 +10,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 
 // Every kernel runs with this many threads per block; the host launcher uses
-// the same number (nvrtc_gather/kernels.py: THREADS_PER_BLOCK).
+// the same number (nvrtc_gather/jit/catalogue.py: THREADS_PER_BLOCK).
 #define NG_THREADS 256
 
 // Vector types used for the byte copies, chosen by the host from what the
@@ -21,7 +21,7 @@ template <> struct Vec<8> { typedef uint2 T; };
 template <> struct Vec<4> { typedef u32 T; };
 
 // Error codes reported in debug mode (NVRTC_GATHER_DEBUG=1). The host decodes
-// them in nvrtc_gather/debug_check.py; keep the two lists in sync.
+// them in nvrtc_gather/jit/debug_errors.py; keep the two lists in sync.
 #define NG_ERR_ROW_UNOWNED 1        // a row below cu_seq_lens[-1] belongs to no request
 #define NG_ERR_BLOCK_INDEX 2        // token needs a block_table column >= max_blocks
 #define NG_ERR_BLOCK_ID 3           // block_table entry outside [0, num_blocks)

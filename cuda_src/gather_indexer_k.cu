@@ -1,5 +1,5 @@
 // cp_gather_indexer_k_quant_cache: copy each request's tokens out of the paged
-// fp8 indexer cache into contiguous rows (contract: shared/DESIGN.md section 1).
+// fp8 indexer cache into contiguous rows (contract: docs/contract.md section 1).
 //
 // Work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
 //  1. Two warps find the requests owning the first and last of those rows by a
@@ -11,7 +11,7 @@
 //     parks the row's (block, token) in shared memory (block -1 = skip the row).
 //  3. All threads copy the fp8 bytes (KVEC-byte vectors, UNROLL loads in flight
 //     per thread) and the 4-byte scale words.
-// Two shapes, chosen by the host (nvrtc_gather/gather.py: tokens_per_cta): 16 KiB of
+// Two shapes, chosen by the host (nvrtc_gather/ops/gather.py: tokens_per_cta): 16 KiB of
 // fp8 values per block with 4 loads in flight per thread, or, for a call whose 16 KiB
 // blocks would fill 3/4 to 1 wave, 32 KiB per block with 8 in flight ("wide" entry
 // points): half the blocks, each issuing all its loads at once. Tiny calls run a third

@@ -1,5 +1,5 @@
 // indexer_k_quant_and_cache: quantize rows of k to fp8-e4m3 with one fp32 scale per quant
-// block and write both into the paged indexer cache (contract: shared/DESIGN.md section 2).
+// block and write both into the paged indexer cache (contract: docs/contract.md section 2).
 //
 // Vector kernels (quant_cache_<type>_v16 / _v8), picked by the host when k's alignment and
 // the sizes allow: a lane owns NV adjacent VB-byte vectors of a token (ELEMS elements), a
@@ -27,27 +27,20 @@
 //   elements (slot split, addresses, scale, shuffles) per element, 16-byte stores;
 // - the uniform choices (ue8m0, power-of-two block size) taken once, outside the passes.
 //
-// Numerics are the torch path's (nvrtc_gather/quant_torch.py), bit for bit: amax in fp32,
+// Numerics are the torch path's (nvrtc_gather/ops/indexer_k_quant_torch.py), bit for bit: amax in fp32,
 // scale = max(amax, 1e-4f) / 448.0f correctly rounded, ue8m0 rounding up to a power of two
 // through the exponent bits, values = k / scale in fp32 (for a power-of-two scale k * 2^-e,
 // the same correctly rounded number), then torch's fp32 -> e4m3 conversion (fp8_e4m3.cuh).
 // The module is compiled with --fmad=false so no product is ever contracted. NaN in k: its
 // quant block gets a NaN scale and NaN values (payload and sign of NaNs are not kept).
 // Slots < 0 are padding; slots >= num_slots are skipped, and reported in debug mode.
-//
-// Compile-time knobs (benchmark builds, nvrtc_gather/kernels.py BENCH_QUANT_VARIANTS):
-// NG_QUNROLL tokens per block / tokens_per_pass (the host's quant_cache.UNROLL for the op's
-// build; a launch of another build passes its own), NG_QWIDE=0 one vector per lane always,
-// NG_SOFT_FP8=1 the integer fp8 encoder on every arch.
+// NG_SOFT_FP8=1 builds the integer fp8 encoder (sm_80/86's) for every arch, so that tests run
+// it on newer GPUs too (tests/helpers/builds.py).
 #include "quant_params.cuh"
 #include "fp8_e4m3.cuh"
 
-#ifndef NG_QUNROLL
-#define NG_QUNROLL 4  // tokens per block / tokens_per_pass of the vector kernels: quant_cache.UNROLL
-#endif
-#ifndef NG_QWIDE
-#define NG_QWIDE 1    // 0: always one vector per lane (benchmark variant)
-#endif
+// Tokens per block / tokens_per_pass of the vector kernels: the host's indexer_k_quant.UNROLL.
+#define NG_QUNROLL 4
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 __device__ __forceinline__ float ng_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
@@ -396,7 +389,7 @@ __device__ __forceinline__ void quant_vec_impl(const QuantParams& p) {
 // exactly doubles: the same tokens per block) and quant blocks of an even number of vectors.
 template <typename T, int VB>
 __device__ __forceinline__ void quant_vec(const QuantParams& p) {
-#if NG_QWIDE && NG_QUNROLL % 2 == 0
+#if NG_QUNROLL % 2 == 0
     const u32 lanes = (u32)p.head_dim / (VB / T::SIZE), qlanes = (u32)p.quant_block_size / (VB / T::SIZE);
     if (lanes >= 2 && (lanes & (lanes - 1)) == 0 && qlanes % 2 == 0) {
         quant_vec_impl<T, VB, 2>(p);

@@ -29,7 +29,7 @@ _is_compiling = torch.compiler.is_compiling
 # treats every value but "ue8m0" as plain: its adapter (integrations/vllm.py) does the same.
 SCALE_FMTS = {"ue8m0": True, "fp8_e4m3": False, "fp8e4m3": False, "": False, None: False}
 
-UNROLL = 4  # tokens per block of the vector kernels / tokens_per_pass: NG_QUNROLL in cuda_src/quant_cache.cu
+UNROLL = 4  # tokens per block of the vector kernels / tokens_per_pass: NG_QUNROLL of cuda_src/quant_cache.cu
 
 
 class QuantPlan(NamedTuple):

@@ -1,5 +1,5 @@
 // Runs a CUDA C kernel file of cuda_src/ on the host, for tests on machines without a GPU
-// (tests/test_quant_emulated.py, tests/test_gather_emulated.py). Each block is NG_THREADS real threads: __syncthreads is a
+// (tests/emulator/). Each block is NG_THREADS real threads: __syncthreads is a
 // block barrier, warp shuffles exchange through a per-warp barrier (so a shuffle that not all
 // 32 lanes reach hangs here as it would misbehave on a GPU), __shared__ is a static (blocks
 // run one after another). Intrinsics get their IEEE meaning. Vector loads (__ldg) and vector

@@ -1,7 +1,7 @@
 """Independent, obviously-correct references and random-case builders for the tests.
 
 The reference walks requests and tokens one by one and computes every byte offset by
-hand from DESIGN.md §1, sharing no code with the package."""
+hand from docs/contract.md §1, sharing no code with the package."""
 from __future__ import annotations
 
 import itertools
@@ -198,7 +198,7 @@ def assert_single_request_result(got: torch.Tensor, k_ref: torch.Tensor, what: s
 
 def quant_reference(k, kv_cache, slot_mapping, quant_block_size, scale_fmt):
     """The kv_cache bytes (uint8, shape [num_blocks, block_size, cache_stride]) expected after
-    indexer_k_quant_and_cache, token by token from DESIGN.md §2: numpy fp32 arithmetic for
+    indexer_k_quant_and_cache, token by token from docs/contract.md §2: numpy fp32 arithmetic for
     amax and scale, math.frexp for the ue8m0 power of two, torch's fp32 -> e4m3 conversion
     (the spec) for the values. Unwritten bytes keep the input's."""
     import math
