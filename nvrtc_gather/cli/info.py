@@ -116,7 +116,7 @@ def _cache(lines):
 def collect() -> tuple[list[tuple[str, str]], list[str]]:
     """(label, value) lines and warnings about version mismatches."""
     lines: list[tuple[str, str]] = [
-        ("nvrtc-gather", f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})"),
+        ("nvrtc-gather", f"{__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})"),
         ("python", f"{platform.python_version()} ({sys.executable})"),
     ]
     notes: list[str] = []
