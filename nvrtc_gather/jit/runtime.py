@@ -162,11 +162,6 @@ def load(module: KernelModule, device: int, stream: int = 0) -> LoadedModule:
         return handle
 
 
-def loaded() -> frozenset[tuple[str, int]]:
-    """(module name, device) of every module loaded so far."""
-    return frozenset(_loaded)
-
-
 def preload(device: int | None = None, modules=None) -> None:
     """Compile/load every kernel for ``device`` (default: every visible GPU) now, so that
     no later call has to, e.g. before capturing CUDA graphs."""

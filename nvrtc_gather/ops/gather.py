@@ -232,7 +232,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table,
                                                                       cu_seq_lens)
-    try:  # _layout_key, inline: this runs on every call
+    try:  # the layout's key (see _known below), everything plan_gather reads but the data pointers
         key = (kv_cache.device, kv_cache.dtype, kv_cache.shape, kv_cache.stride(),
                dst_k.device, dst_k.dtype, dst_k.shape, dst_k.stride(),
                dst_scale.device, dst_scale.dtype, dst_scale.shape, dst_scale.stride(),
@@ -266,15 +266,6 @@ _known: dict[tuple, tuple] = {}
 _KNOWN_MAX = 256
 
 
-def _layout_key(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> tuple:
-    """Everything plan_gather reads except the data pointers (the op builds it inline)."""
-    return (kv_cache.device, kv_cache.dtype, kv_cache.shape, kv_cache.stride(),
-            dst_k.device, dst_k.dtype, dst_k.shape, dst_k.stride(),
-            dst_scale.device, dst_scale.dtype, dst_scale.shape, dst_scale.stride(),
-            block_table.device, block_table.dtype, block_table.shape, block_table.stride(),
-            cu_seq_lens.device, cu_seq_lens.dtype, cu_seq_lens.shape, cu_seq_lens.stride())
-
-
 def _remember(key: tuple, plan: GatherPlan) -> None:
     """After plan_gather accepted a CUDA call with rows to copy and it was launched."""
     if len(_known) >= _KNOWN_MAX:
@@ -287,10 +278,8 @@ def _remember(key: tuple, plan: GatherPlan) -> None:
                4 * (p.batch * key[19][0] + 1))
     entries = {vec: kernel_name(p._replace(vec=vec)) for vec in (16, 8, 4)}
     grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
-    kernels = {vec: runtime.load(GATHER_MODULES[vec], p.device) for vec in (16, 8, 4)
-               if (GATHER_MODULES[vec].name, p.device) in runtime.loaded()}
     _known[key] = (p.device, p.block_stride | p.head_dim | p.dst_k_row_stride, lengths, entries, grid,
-                   tuple(p[7:]), kernels)
+                   tuple(p[7:]), {})  # the last: loaded modules by vector width, filled as used
 
 
 def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> bool:
@@ -309,7 +298,7 @@ def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_
     vec = 16 if not low & 15 else (8 if not low & 7 else 4)
     stream = runtime.current_stream(device)
     handle = kernels.get(vec)
-    if handle is None:  # a vector width this layout had not used yet: load it (and remember)
+    if handle is None:  # first fast call with this vector width: the module is loaded already or now
         handle = kernels[vec] = runtime.load(GATHER_MODULES[vec], device, stream)
     handle.launch(entries[vec], grid, (kv_p, k_p, s_p, bt_p, cu_p) + tail, stream)
     return True
