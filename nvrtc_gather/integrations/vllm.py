@@ -39,10 +39,6 @@ _lock = threading.Lock()
 _library: torch.library.Library | None = None  # kept alive: dropping it would undo the registrations
 
 
-def _gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
-    cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
-
-
 def _quant(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtype) -> None:
     # vLLM's kernel: use_ue8m0 = scale_fmt == "ue8m0"; every other value is plain fp32 scales.
     indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size,
@@ -86,7 +82,8 @@ def register() -> None:
         own = [name for name in SCHEMAS if not _has_schema(name)]
         for name in own:
             lib.define(SCHEMAS[name])
-        impls = {"cp_gather_indexer_k_quant_cache": _gather, "indexer_k_quant_and_cache": _quant}
+        impls = {"cp_gather_indexer_k_quant_cache": cp_gather_indexer_k_quant_cache,  # the same arguments
+                 "indexer_k_quant_and_cache": _quant}
         for name, fn in impls.items():
             with warnings.catch_warnings():  # torch warns on every override; the log line below says it once
                 warnings.filterwarnings("ignore", "Overriding a previously registered kernel")
