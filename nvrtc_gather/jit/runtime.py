@@ -12,6 +12,7 @@ context once, and launch its entry points. Every op launches through ``LoadedMod
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 
 import torch
@@ -35,6 +36,7 @@ def current_stream(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+log = logging.getLogger(__name__)
 _PARAM_BYTES = 4096  # the driver's limit for kernel parameters
 _tls = threading.local()
 
@@ -115,7 +117,7 @@ def _load(module: KernelModule, target: compiler.Target, device: int, image: byt
     if fresh:
         lib = driver.load_library(image)
         build.count("loads")
-        build.log.debug("%s-%s: loaded (%d bytes)", module.name, target.arch, len(image))
+        log.debug("%s-%s: loaded (%d bytes)", module.name, target.arch, len(image))
     try:
         fns = driver.in_primary_context(device, lambda: {name: driver.get_function(lib, name)
                                                           for name in module.kernels})

@@ -159,14 +159,11 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
         v.aligned("dst_scale", "row stride in bytes", scale_row_stride)
     bt_ptr, cu_ptr = block_table.data_ptr(), cu_seq_lens.data_ptr()
     if num_tokens and batch:  # something is written: no written byte may be one the op reads
-        k_end = k_ptr + (num_tokens - 1) * k_row + head_dim
-        s_end = s_ptr + (num_tokens - 1) * scale_row_stride + 4 * scale_words
-        kv_end = kv_ptr + (num_blocks - 1) * block_stride + block_size * _cache_stride if num_blocks else kv_ptr
-        bt_end = bt_ptr + 4 * ((batch - 1) * bt_row + (max_blocks - 1) * bt_col + 1) if max_blocks else bt_ptr
-        cu_end = cu_ptr + 4 * (batch * cu_seq_lens.stride(0) + 1)
-        if (k_ptr < kv_end and kv_ptr < k_end) or (s_ptr < kv_end and kv_ptr < s_end) or \
-                (k_ptr < bt_end and bt_ptr < k_end) or (s_ptr < bt_end and bt_ptr < s_end) or \
-                (k_ptr < cu_end and cu_ptr < k_end) or (s_ptr < cu_end and cu_ptr < s_end):
+        ptrs = (k_ptr, s_ptr, kv_ptr, bt_ptr, cu_ptr)
+        lengths = _byte_lengths(num_tokens, head_dim, k_row, scale_words, scale_row_stride, num_blocks, block_size,
+                                block_stride, _cache_stride, batch, max_blocks, bt_row, bt_col, cu_seq_lens.stride(0))
+        if _overlapping(ptrs, lengths):
+            k_end, s_end, kv_end, bt_end, cu_end = (p + n for p, n in zip(ptrs, lengths))
             v.disjoint({"dst_k": (k_ptr, k_end), "dst_scale": (s_ptr, s_end)},
                        {"kv_cache": (kv_ptr, kv_end), "block_table": (bt_ptr, bt_end),
                         "cu_seq_lens": (cu_ptr, cu_end)})
@@ -177,6 +174,27 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
         tpc = tokens_per_cta(head_dim, num_tokens, driver.sm_count(device))  # lru_cached
     return GatherPlan(device, vec, kv_ptr, k_ptr, s_ptr, bt_ptr, cu_ptr, block_stride, k_row, scale_row_stride,
                       bt_row, num_tokens, batch, max_blocks, num_blocks, block_size, head_dim, scale_words, tpc)
+
+
+def _byte_lengths(num_tokens, head_dim, k_row, scale_words, scale_row_stride, num_blocks, block_size, block_stride,
+                  cache_stride, batch, max_blocks, bt_row, bt_col, cu_stride) -> tuple[int, int, int, int, int]:
+    """Bytes from each data pointer to the end of what the call touches, in the order dst_k,
+    dst_scale (written), kv_cache, block_table, cu_seq_lens (read). num_tokens, batch > 0."""
+    return ((num_tokens - 1) * k_row + head_dim,
+            (num_tokens - 1) * scale_row_stride + 4 * scale_words,
+            (num_blocks - 1) * block_stride + block_size * cache_stride if num_blocks else 0,
+            4 * ((batch - 1) * bt_row + (max_blocks - 1) * bt_col + 1) if max_blocks else 0,
+            4 * (batch * cu_stride + 1))
+
+
+def _overlapping(ptrs: tuple, lengths: tuple) -> bool:
+    """Whether a written range (dst_k, dst_scale) overlaps a read one (kv_cache, block_table,
+    cu_seq_lens); both tuples in _byte_lengths' order."""
+    k_p, s_p, kv_p, bt_p, cu_p = ptrs
+    k_e, s_e, kv_e, bt_e, cu_e = k_p + lengths[0], s_p + lengths[1], kv_p + lengths[2], bt_p + lengths[3], \
+        cu_p + lengths[4]
+    return (k_p < kv_e and kv_p < k_e) or (s_p < kv_e and kv_p < s_e) or (k_p < bt_e and bt_p < k_e) or \
+        (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e)
 
 
 def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
@@ -271,11 +289,10 @@ def _remember(key: tuple, plan: GatherPlan) -> None:
     if len(_known) >= _KNOWN_MAX:
         _known.clear()
     p = plan
-    kv_len = (p.num_blocks - 1) * p.block_stride + p.block_size * (key[2][2]) if p.num_blocks else 0
-    lengths = (kv_len, (p.num_tokens - 1) * p.dst_k_row_stride + p.head_dim,
-               (p.num_tokens - 1) * p.dst_scale_row_stride + 4 * p.scale_words,
-               4 * ((p.batch - 1) * p.bt_row_stride + (p.max_blocks - 1) * key[15][1] + 1) if p.max_blocks else 0,
-               4 * (p.batch * key[19][0] + 1))
+    # key[2][2]: kv_cache's cache_stride; key[15][1], key[19][0]: block_table's and cu_seq_lens' inner strides
+    lengths = _byte_lengths(p.num_tokens, p.head_dim, p.dst_k_row_stride, p.scale_words, p.dst_scale_row_stride,
+                            p.num_blocks, p.block_size, p.block_stride, key[2][2], p.batch, p.max_blocks,
+                            p.bt_row_stride, key[15][1], key[19][0])
     entries = {vec: kernel_name(p._replace(vec=vec)) for vec in (16, 8, 4)}
     grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
     _known[key] = (p.device, p.block_stride | p.head_dim | p.dst_k_row_stride, lengths, entries, grid,
@@ -285,14 +302,10 @@ def _remember(key: tuple, plan: GatherPlan) -> None:
 def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> bool:
     """Launch a call whose metadata plan_gather accepted before; False (nothing done) when
     its pointers fail a check, for plan_gather to report."""
-    device, low_bits, (kv_len, k_len, s_len, bt_len, cu_len), entries, grid, tail, kernels = known
+    device, low_bits, lengths, entries, grid, tail, kernels = known
     kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
     bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
-    if (kv_p | k_p | s_p) & 3:
-        return False
-    kv_e, k_e, s_e, bt_e, cu_e = kv_p + kv_len, k_p + k_len, s_p + s_len, bt_p + bt_len, cu_p + cu_len
-    if (k_p < kv_e and kv_p < k_e) or (s_p < kv_e and kv_p < s_e) or (k_p < bt_e and bt_p < k_e) or \
-            (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e):
+    if (kv_p | k_p | s_p) & 3 or _overlapping((k_p, s_p, kv_p, bt_p, cu_p), lengths):
         return False
     low = kv_p | k_p | low_bits
     vec = 16 if not low & 15 else (8 if not low & 7 else 4)
