@@ -36,3 +36,14 @@ class CaptureError(NvrtcGatherError):
 class JitDisabledError(NvrtcGatherError):
     """NVRTC_GATHER_DISABLE_JIT is set and a kernel is not in the disk cache; the message names
     the warmup command that puts it there."""
+
+
+class InvalidSettingError(NvrtcGatherError, ValueError):
+    """An NVRTC_GATHER_* environment variable holds a value it does not accept; the message
+    names the variable and the values it takes."""
+
+
+class CacheLocationError(NvrtcGatherError):
+    """The kernel cache directory cannot be determined (a ``~`` that does not expand, a user
+    with no home directory). The ops fall back to memory with one warning; the CLI says what
+    to set."""

@@ -1,48 +1,117 @@
 """Settings from environment variables, each read when it is used (never at import),
-so a process may change them at any time. All share the NVRTC_GATHER_ prefix."""
+so a process may change them at any time. All share the NVRTC_GATHER_ prefix.
+
+Boolean variables are read strictly: 1/true/yes/on and 0/false/no/off (any case, spaces
+ignored; empty or unset means false); any other value raises InvalidSettingError naming the
+variable, since a switch such as NVRTC_GATHER_DISABLE_JIT exists to fail loudly."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from .errors import CacheLocationError, InvalidSettingError
 
 CACHE_DIR_ENV = "NVRTC_GATHER_CACHE_DIR"
 DISABLE_CACHE_ENV = "NVRTC_GATHER_DISABLE_CACHE"
 DEBUG_ENV = "NVRTC_GATHER_DEBUG"
 DISABLE_JIT_ENV = "NVRTC_GATHER_DISABLE_JIT"
 
-_TRUE = {"1", "true", "yes", "on"}
+# Every variable the package reads, with what it does (``nvrtc-gather info`` lists them).
+VARIABLES = {
+    CACHE_DIR_ENV: "kernel cache directory (default: $XDG_CACHE_HOME/nvrtc_gather or ~/.cache/nvrtc_gather)",
+    DISABLE_CACHE_ENV: "boolean: keep kernels in memory only",
+    DISABLE_JIT_ENV: "boolean: never compile; a kernel missing from the cache raises JitDisabledError",
+    DEBUG_ENV: "boolean: kernels check their indices, the op raises on bad ones (one sync per call)",
+}
+BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
+def parse_flag(name: str, value: str | None) -> bool:
+    """The boolean ``value`` of variable ``name`` (None: unset, false). Raises
+    InvalidSettingError for anything but the spellings in the module docstring."""
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise InvalidSettingError(
+        f"{name}={value!r} is not a boolean: set it to 1, true, yes or on (or 0, false, no, off), or unset it")
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: $NVRTC_GATHER_CACHE_DIR, else the per-user
-    XDG cache home (``$XDG_CACHE_HOME/nvrtc_gather`` or ``~/.cache/nvrtc_gather``).
-    Always absolute (a relative value is taken from the current directory now), so a later
-    chdir cannot move the cache; symlinks are kept (the cache judges their target)."""
+def flag(name: str) -> bool:
+    return parse_flag(name, os.environ.get(name))
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where compiled kernels are kept: ``override`` (a CLI's --cache-dir), else
+    $NVRTC_GATHER_CACHE_DIR, else the per-user XDG cache home (``$XDG_CACHE_HOME/nvrtc_gather``
+    or ``~/.cache/nvrtc_gather``). Always absolute (a relative value is taken from the current
+    directory now), so a later chdir cannot move the cache; symlinks are kept (the cache
+    judges their target). Raises CacheLocationError when a ``~`` cannot be expanded or this
+    user has no home directory (no $HOME and no passwd entry)."""
+    if override is not None:
+        return Path(os.path.abspath(_expand(Path(override), "--cache-dir")))
     explicit = os.environ.get(CACHE_DIR_ENV)
     if explicit:
-        return Path(os.path.abspath(Path(explicit).expanduser()))
+        return Path(os.path.abspath(_expand(Path(explicit), CACHE_DIR_ENV)))
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    if xdg:
+        base = _expand(Path(xdg), "XDG_CACHE_HOME")
+    else:
+        try:
+            base = Path.home() / ".cache"
+        except (RuntimeError, KeyError, OSError) as exc:
+            raise CacheLocationError(
+                f"no home directory to put the kernel cache in ({exc}; uid {os.getuid()} has no $HOME and no "
+                f"passwd entry); set {CACHE_DIR_ENV} to a private writable directory") from None
     return Path(os.path.abspath(base / "nvrtc_gather"))
 
 
+def _expand(path: Path, what: str) -> Path:
+    try:
+        return path.expanduser()
+    except (RuntimeError, KeyError, OSError) as exc:
+        raise CacheLocationError(f"{what}={str(path)!r}: cannot expand '~' ({exc}); "
+                                 "give an absolute path") from None
+
+
 def disk_cache_enabled() -> bool:
-    """False when NVRTC_GATHER_DISABLE_CACHE is set to 1/true/yes/on: kernels then live in memory only."""
-    return not _flag(DISABLE_CACHE_ENV)
+    """False when NVRTC_GATHER_DISABLE_CACHE is true: kernels then live in memory only."""
+    return not flag(DISABLE_CACHE_ENV)
 
 
 def debug_enabled() -> bool:
     """NVRTC_GATHER_DEBUG=1: GPU kernels check their indices and the op raises on bad ones.
     This synchronises with the device after each call; for debugging only.
     Read on every op call, so it is kept to one dictionary lookup when unset."""
-    return bool(os.environ.get(DEBUG_ENV)) and _flag(DEBUG_ENV)
+    value = os.environ.get(DEBUG_ENV)
+    return bool(value) and parse_flag(DEBUG_ENV, value)
 
 
 def jit_disabled() -> bool:
     """NVRTC_GATHER_DISABLE_JIT=1: never compile in this process (a serving process whose cache
     was warmed); a kernel missing from the cache raises JitDisabledError instead."""
-    return _flag(DISABLE_JIT_ENV)
+    return flag(DISABLE_JIT_ENV)
+
+
+def describe() -> list[tuple[str, str]]:
+    """(variable, state) for every NVRTC_GATHER_* variable, for ``nvrtc-gather info``: its
+    value and meaning, or why the value is refused. Never raises."""
+    rows = []
+    for name, meaning in VARIABLES.items():
+        value = os.environ.get(name)
+        shown = "unset" if value is None else repr(value)
+        if name in BOOLEAN_VARIABLES:
+            try:
+                shown += " (on)" if parse_flag(name, value) else " (off)"
+            except InvalidSettingError:
+                shown += " (INVALID: not a boolean; the ops raise InvalidSettingError)"
+        rows.append((name, f"{shown}: {meaning}"))
+    others = sorted(n for n in os.environ if n.startswith("NVRTC_GATHER_") and n not in VARIABLES)
+    rows += [(n, f"{os.environ[n]!r}: not a variable nvrtc_gather reads (a typo?)") for n in others]
+    return rows

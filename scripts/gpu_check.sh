@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU in one go (one device call): the test suite, the GPU
-# tests again under compute-sanitizer memcheck, and the benchmark.
-#   scripts/gpu_check.sh [tests] [quick] [gpu] [memcheck] [racecheck] [resources] [bench] [PATH ...]
-#   (default: tests memcheck bench; quick = the GPU tests without the slow ones; gpu = tests/gpu
+# Everything that needs the GPU in one go (one device call): the test suite, the CLI as a
+# user runs it, the GPU tests again under compute-sanitizer memcheck, and the benchmark.
+#   scripts/gpu_check.sh [tests] [cli] [quick] [gpu] [memcheck] [racecheck] [resources] [bench] [PATH ...]
+#   (default: tests cli memcheck bench; cli = demo, info, warmup, cache list / verify --arch of this
+#   GPU in a fresh cache directory; quick = the GPU tests without the slow ones; gpu = tests/gpu
 #   and tests/integrations, slow ones included;
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
 #   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/profile_gather.py);
@@ -13,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-stages=${*:-tests memcheck bench}
+stages=${*:-tests cli memcheck bench}
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| cuda-bindings', m.version('cuda-bindings'), '| nvidia-cuda-nvrtc', m.version('nvidia-cuda-nvrtc'))"
@@ -22,6 +23,14 @@ for stage in $stages; do
   case $stage in
     tests)
       python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25 || status=1 ;;
+    cli)
+      cc=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
+      export NVRTC_GATHER_CACHE_DIR=$(mktemp -d)
+      { for cmd in "demo" "info" "warmup --no-progress" "cache list" "cache verify --arch sm_$cc"; do
+          echo "\$ nvrtc-gather $cmd"; python3 -m nvrtc_gather $cmd; rc=$?; echo "[exit $rc]"
+        done; } 2>&1 | tee "$OUT/cli.log"
+      grep -q "exit [^0]" "$OUT/cli.log" && status=1
+      unset NVRTC_GATHER_CACHE_DIR ;;
     quick)
       python3 -m pytest -q -rs -p no:cacheprovider -m "gpu and not slow" tests 2>&1 | tee "$OUT/quick.log" | tail -25 || status=1 ;;
     gpu)

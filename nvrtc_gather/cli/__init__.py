@@ -4,6 +4,7 @@ Subcommands: demo, warmup, cache, info. (The benchmark is benchmarks/bench.py in
 only dispatches."""
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -57,7 +58,15 @@ def main(argv=None) -> int:
         _usage(sys.stderr)
         return 2
     fn, _ = COMMANDS[argv[0]]
-    return int(fn(argv[1:]) or 0)
+    from ..errors import CacheLocationError, InvalidSettingError
+    try:
+        return int(fn(argv[1:]) or 0)
+    except (InvalidSettingError, CacheLocationError) as exc:  # the environment, not a bug: say what to set
+        sys.stderr.write(f"nvrtc-gather {argv[0]}: error: {exc}\n")
+        return 2
+    except BrokenPipeError:  # `nvrtc-gather info | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

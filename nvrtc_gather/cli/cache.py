@@ -3,8 +3,11 @@
     list    every entry: module, arch, size, whether it is intact, whether this install
             would use it (``stale``: left by another package or NVRTC version)
     verify  re-check every entry (exit 1 if any is bad, or the directory cannot be read
-            or would not be used); ``--fix`` deletes the bad ones with their lock files
-            (then exit 0 if all went, 1, naming each and why, if any could not be deleted)
+            or would not be used) and name the stale ones; ``--fix`` deletes the bad ones
+            with their lock files (then exit 0 if all went, 1, naming each and why, if any
+            could not be deleted); ``--arch sm_90 ...`` also exits 1 unless every kernel the
+            ops can load on a GPU of each arch is present and current (a serving process
+            there compiles nothing)
     clear   remove every entry, lock file (orphans too) and leftover temp file, not the
             directory; exit 1, naming each file and why, if any could not be removed
 
@@ -15,7 +18,6 @@ bad entry."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -92,7 +94,7 @@ def _report_failures(failed: list[tuple[str, str]], directory: Path, again: str)
                          f"above), then run `{again}` again\n")
 
 
-def _verify(disk: cache_mod.DiskCache, fix: bool) -> int:
+def _verify(disk: cache_mod.DiskCache, fix: bool, archs: list[str] | None) -> int:
     try:
         disk.listing()
     except FileNotFoundError:
@@ -102,9 +104,14 @@ def _verify(disk: cache_mod.DiskCache, fix: bool) -> int:
                          "and may read it\n")
         return 1
     entries = disk.entries()
+    key_for = current_keys()
     bad = [e for e in entries if not e.valid]
+    stale = [e for e in entries if e.valid and _in_use(e, key_for) == "stale"]
     for e in bad:
         print(f"BAD {e.path.name}: {e.problem}")
+    for e in stale:
+        print(f"STALE {e.path.name}: intact, but made by another nvrtc_gather or NVRTC version; this install "
+              "never loads it")
     failed: list[tuple[str, str]] = []
     if fix and bad:
         removal = disk.remove_entries(e.path.name for e in bad)
@@ -112,15 +119,55 @@ def _verify(disk: cache_mod.DiskCache, fix: bool) -> int:
         gone = set(removal.removed)
         print(f"deleted {sum(e.path.name in gone for e in bad)} of {len(bad)} bad entries "
               f"(and {sum(n.endswith(cache_mod.LOCK_SUFFIX) for n in gone)} lock file(s))")
-    problem = disk.directory_problem() if disk.directory.exists() else None
-    print(f"{len(entries) - len(bad)} of {len(entries)} entries intact in {disk.directory}")
+    problem = disk.directory_problem()
+    if problem == cache_mod.MISSING:
+        problem = None
+    print(f"{len(entries) - len(bad)} of {len(entries)} entries intact in {disk.directory}"
+          + (f" ({len(stale)} of them stale: `nvrtc-gather cache clear`, then warm again)" if stale else "")
+          + ("" if key_for is not None else " (NVRTC is missing, so which are current is unknown)"))
     _print_foreign(disk)
     if problem:
         print(f"the directory would not be used: {problem}")
     if bad and not fix:
         print("run `nvrtc-gather cache verify --fix` to delete the bad entries (they are also replaced at next use)")
     _report_failures(failed, disk.directory, "nvrtc-gather cache verify --fix")
-    return 1 if (bad and not fix) or failed or problem else 0
+    serves = _check_serves(disk, archs, problem) if archs else True
+    return 1 if (bad and not fix) or failed or problem or not serves else 0
+
+
+def _check_serves(disk: cache_mod.DiskCache, archs: list[str], problem: str | None) -> bool:
+    """Whether a process of this install, on a GPU of each arch, finds every kernel the ops
+    can load in this cache (so it compiles nothing): each arch is mapped as warmup maps it."""
+    from ..errors import MissingDependencyError
+    from ..jit import build, catalogue
+    from .warmup import parse_arch
+
+    try:
+        targets = list(dict.fromkeys(parse_arch(a) for a in archs))
+    except (ValueError, MissingDependencyError) as exc:
+        sys.stderr.write(f"error: --arch: {exc}\n")
+        return False
+    ok = problem is None
+    for t in targets:
+        missing = []
+        for m in catalogue.ALL_MODULES:
+            path = disk.path_for(build.entry_name(m, t), build.cache_key(m, t))
+            blob, why = cache_mod.read_entry_file(path)
+            why = why or cache_mod.entry_problem(build.cache_key(m, t), blob)
+            if why:
+                missing.append(m.name)
+        have = len(catalogue.ALL_MODULES) - len(missing)
+        print(f"{t.arch}: {have} of {len(catalogue.ALL_MODULES)} kernel modules present and current"
+              + (f"; missing: {', '.join(missing)}" if missing else ""))
+        ok &= not missing
+    if ok:
+        print(f"this cache serves {', '.join(t.arch for t in targets)} without compiling")
+    else:
+        arch_args = " ".join(t.arch for t in targets)
+        print(f"this cache would NOT serve {', '.join(t.arch for t in targets)} without compiling: run "
+              f"`nvrtc-gather warmup --arch {arch_args} --cache-dir {disk.directory}`"
+              + (f" (and fix: {problem})" if problem else ""))
+    return ok
 
 
 def _clear(disk: cache_mod.DiskCache) -> int:
@@ -132,10 +179,11 @@ def _clear(disk: cache_mod.DiskCache) -> int:
 
 
 def _dir_note(disk: cache_mod.DiskCache) -> str:
-    if not disk.directory.exists():
-        return " (does not exist yet)"
     problem = disk.directory_problem()
-    note = f" (not used: {problem})" if problem else ""
+    if problem == cache_mod.MISSING:
+        note = " (does not exist yet)"
+    else:
+        note = f" (not used: {problem})" if problem else ""
     if not settings.disk_cache_enabled():
         note += f" (disabled by {settings.DISABLE_CACHE_ENV})"
     return note
@@ -153,13 +201,16 @@ def main(argv=None) -> int:
         sp.add_argument("--cache-dir", type=Path,
                         help=f"cache directory (default: ${settings.CACHE_DIR_ENV} or the per-user cache)")
     parsers["verify"].add_argument("--fix", action="store_true", help="delete bad entries (and their lock files)")
+    parsers["verify"].add_argument(
+        "--arch", nargs="+", metavar="ARCH",
+        help="also exit 1 unless every kernel the ops can load on a GPU of each ARCH (sm_90, 9.0, ...) is present "
+             "and current, i.e. unless a serving process there compiles nothing")
     args = p.parse_args(argv)
-    directory = Path(os.path.abspath(args.cache_dir)) if args.cache_dir else settings.cache_dir()
-    disk = cache_mod.DiskCache(directory)
+    disk = cache_mod.DiskCache(settings.cache_dir(args.cache_dir))
     if args.action == "list":
         return _list(disk)
     if args.action == "verify":
-        return _verify(disk, args.fix)
+        return _verify(disk, args.fix, args.arch)
     return _clear(disk)
 
 

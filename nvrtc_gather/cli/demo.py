@@ -2,10 +2,14 @@
 
 With a GPU: the NVRTC kernel, checked bit-exact against the torch path, with its
 throughput. Without one: says so, runs the CPU (torch) path, checks it against a
-per-request loop, and still compiles the kernel for a named arch to show NVRTC works."""
+per-request loop, and still compiles the kernel for a named arch to show NVRTC works.
+
+The GPU branch (``run_on_gpu``) reaches torch.cuda only through ``CudaClock``, so the tests
+drive it without a GPU too (tests/cli/test_demo.py)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import time
 
@@ -14,30 +18,39 @@ import torch
 from .._version import __version__
 from ..errors import MissingDependencyError
 from ..jit import build, catalogue, compiler, driver
-from ..ops.gather import cp_gather_indexer_k_quant_cache
+from ..ops.gather import cp_gather_indexer_k_quant_cache, plan_gather
+from ..ops.gather_torch import gather_torch
 from ..ops.indexer_k_quant import indexer_k_quant_and_cache
 from .warmup import parse_arch, positive_int
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 CACHE_STRIDE = HEAD_DIM + 4 * HEAD_DIM // QBS
+# Bounds of the demo's arguments: the setup allocates about 3 * CACHE_STRIDE bytes per token
+# (cache, outputs, reference) on the device and the host; 16M tokens is ~6.6 GB.
+MAX_BATCH = 1 << 16
+MAX_MEAN_LEN = 1 << 20
+MAX_TOKENS = 1 << 24
 
 
-def build(batch: int, mean_len: int, device: str, seed: int = 0):
+def make_inputs(batch: int, mean_len: int, device: str, seed: int = 0):
     """Random cache bytes, ragged requests (some empty), shuffled physical blocks, and
-    upper-bound outputs (8 spare rows) poisoned with 0xA5."""
+    upper-bound outputs (8 spare rows) poisoned with 0xA5. Linear in batch and tokens."""
     rng = random.Random(seed)
     lens = [0 if rng.random() < 0.05 else rng.randint(mean_len // 2, mean_len * 3 // 2) for _ in range(batch)]
-    blocks = [-(-n // BLOCK_SIZE) for n in lens]
-    num_blocks = sum(blocks) + 64
+    blocks = torch.tensor([-(-n // BLOCK_SIZE) for n in lens], dtype=torch.int64)
+    num_blocks = int(blocks.sum()) + 64
     g = torch.Generator().manual_seed(seed)
-    kv = torch.randint(0, 256, (num_blocks, BLOCK_SIZE, CACHE_STRIDE), dtype=torch.uint8, generator=g)
-    ids = torch.randperm(num_blocks, generator=g)
-    bt = torch.zeros(batch, max(blocks + [1]), dtype=torch.int32)
-    used = 0
-    for r, nb in enumerate(blocks):
-        bt[r, :nb] = ids[used:used + nb]
-        used += nb
-    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(batch)], dtype=torch.int32)
+    # random bytes drawn 4 at a time (torch.randint is ~4x slower per uint8 than per int32)
+    kv = torch.randint(-2**31, 2**31, (num_blocks, BLOCK_SIZE, CACHE_STRIDE // 4), dtype=torch.int32,
+                       generator=g).view(torch.uint8)
+    ids = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    max_blocks = max(1, int(blocks.max()) if batch else 1)
+    # request r takes ids[first[r] : first[r] + blocks[r]]; the rest of its row stays 0
+    first = torch.cumsum(blocks, 0) - blocks
+    col = torch.arange(max_blocks)
+    used = col.unsqueeze(0) < blocks.unsqueeze(1)
+    bt = torch.where(used, ids[(first.unsqueeze(1) + col).clamp(max=num_blocks - 1)], torch.zeros((), dtype=torch.int32))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     rows = sum(lens) + 8
     dst_k = torch.full((rows, HEAD_DIM), 0xA5, dtype=torch.uint8).view(torch.float8_e4m3fn)
     dst_s = torch.full((rows, 4 * HEAD_DIM // QBS), 0xA5, dtype=torch.uint8)
@@ -72,7 +85,7 @@ def full_cycle(device: str, lens=(1500, 0, 2600, 777), scale_fmt="ue8m0", seed=1
         bt[r, :nb] = ids[used:used + nb]
         used += nb
         slots += [int(bt[r, i // BLOCK_SIZE]) * BLOCK_SIZE + i % BLOCK_SIZE for i in range(n)]
-    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
     k, kv, bt, cu, slot_mapping = (t.to(device) for t in (k, kv, bt, cu, slot_mapping))
     indexer_k_quant_and_cache(k, kv, slot_mapping, QBS, scale_fmt)
@@ -88,12 +101,89 @@ def _gbps(tokens: int, seconds: float) -> float:
     return 2 * tokens * CACHE_STRIDE / seconds / 1e9  # bytes read + written
 
 
-def main(argv=None) -> int:
+class CudaClock:
+    """What the GPU branch needs of torch.cuda; the CPU tests substitute a stand-in."""
+
+    def device_name(self, device: torch.device) -> str:
+        return torch.cuda.get_device_name(device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def seconds_per_call(self, fn, calls: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls / 1e3
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def run_on_gpu(tensors, tokens: int, nvrtc: str | None, clock: CudaClock) -> bool:
+    """The NVRTC kernel on the demo's tensors: first-call cost, bit-exactness against the torch
+    path, throughput. Returns whether it was bit-exact."""
+    kv, dst_k, dst_s, bt, cu = tensors
+    print(f"GPU: {clock.device_name(kv.device)} (sm_{driver.capability(kv.device.index or 0)}); NVRTC {nvrtc}")
+    t0 = time.perf_counter()
+    cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
+    clock.synchronize()
+    print(f"first call (compile or disk cache, load, run): {(time.perf_counter() - t0) * 1e3:.1f} ms "
+          f"[{build.stats['compiles']} compiled, {build.stats['disk_hits']} from disk cache]")
+    ref_k, ref_s = dst_k.clone(), dst_s.clone()
+    ref_k.view(torch.uint8).fill_(0xA5)
+    ref_s.fill_(0xA5)
+    gather_torch(plan_gather(kv, ref_k, ref_s, bt, cu), kv, ref_k, ref_s, bt, cu)
+    same = torch.equal(dst_k.view(torch.uint8), ref_k.view(torch.uint8)) and torch.equal(dst_s, ref_s)
+    print(f"bit-exact against the torch path: {'yes' if same else 'NO'}")
+    sec = clock.seconds_per_call(lambda: cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu), 20)
+    print(f"NVRTC kernel: {sec * 1e6:.1f} us per call, {_gbps(tokens, sec):.0f} GB/s (read + write, L2 warm)")
+    return same
+
+
+def run_on_cpu(tensors, lens) -> bool:
+    """The CPU (torch) path, checked against a per-request loop. Returns whether they agree."""
+    kv, dst_k, dst_s, bt, cu = tensors
+    print("GPU: none visible to torch, so the CUDA kernel cannot run here; running the CPU (torch) path")
+    t0 = time.perf_counter()
+    cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
+    sec = time.perf_counter() - t0
+    ref_k, ref_s = dst_k.clone(), dst_s.clone()
+    ref_k.view(torch.uint8).fill_(0xA5)
+    ref_s.fill_(0xA5)
+    loop_gather(kv, ref_k, ref_s, bt, cu, lens)
+    same = torch.equal(dst_k.view(torch.uint8), ref_k.view(torch.uint8)) and torch.equal(dst_s, ref_s)
+    print(f"CPU path: {sec * 1e3:.1f} ms, {_gbps(sum(lens), sec):.1f} GB/s; "
+          f"matches a per-request loop: {'yes' if same else 'NO'}")
+    return same
+
+
+def _bounded(most: int):
+    """argparse type: an int in [1, most]."""
+    def parse(text: str) -> int:
+        n = positive_int(text)
+        if n > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {n}")
+        return n
+    return parse
+
+
+def main(argv=None, clock: CudaClock | None = None, device: str | None = None) -> int:
+    """``clock`` and ``device`` let tests run the GPU branch's code on CPU tensors."""
     ap = argparse.ArgumentParser(prog="nvrtc-gather demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=positive_int, default=64, help="requests (default 64)")
-    ap.add_argument("--mean-len", type=positive_int, default=2048, help="mean tokens per request (default 2048)")
+    ap.add_argument("--batch", type=_bounded(MAX_BATCH), default=64, help=f"requests (default 64, at most {MAX_BATCH})")
+    ap.add_argument("--mean-len", type=_bounded(MAX_MEAN_LEN), default=2048,
+                    help=f"mean tokens per request (default 2048, at most {MAX_MEAN_LEN})")
     ap.add_argument("--arch", default="sm_90", help="arch to compile for when no GPU is present (default sm_90)")
     args = ap.parse_args(argv)
+    most_tokens = args.batch * (args.mean_len * 3 // 2)  # lengths are drawn up to 1.5x the mean
+    if most_tokens > MAX_TOKENS:
+        ap.error(f"--batch {args.batch} x --mean-len {args.mean_len} allows up to {most_tokens} tokens; the demo "
+                 f"takes at most {MAX_TOKENS} (about {3 * CACHE_STRIDE * MAX_TOKENS / 1e9:.1f} GB of buffers)")
     try:
         target = parse_arch(args.arch)
     except ValueError as exc:
@@ -107,56 +197,21 @@ def main(argv=None) -> int:
     except MissingDependencyError as exc:
         print(f"NVRTC: not available ({exc})")
         nvrtc = None
-    gpu = torch.cuda.is_available()
+    gpu = clock is not None or gpu_available()
     if nvrtc and not gpu:
         t0 = time.perf_counter()
         code = compiler.compile_module(catalogue.GATHER, target)
         print(f"NVRTC {nvrtc}: compiled the gather kernel for {target.arch} without a GPU "
               f"({len(code.image)} bytes of cubin in {(time.perf_counter() - t0) * 1e3:.0f} ms)")
 
-    device = "cuda" if gpu else "cpu"
-    (kv, dst_k, dst_s, bt, cu), lens = build(args.batch, args.mean_len, device)
+    device = device or ("cuda" if gpu else "cpu")
+    tensors, lens = make_inputs(args.batch, args.mean_len, device)
+    kv, dst_k = tensors[0], tensors[1]
     tokens = sum(lens)
     print(f"cache: {kv.shape[0]} blocks x {BLOCK_SIZE} tokens x {CACHE_STRIDE} bytes "
           f"({kv.numel() / 2**20:.0f} MiB); {args.batch} requests, {tokens} tokens "
           f"({lens.count(0)} empty), blocks shuffled")
-
-    if gpu:
-        print(f"GPU: {torch.cuda.get_device_name()} (sm_{driver.capability(kv.device.index)}); "
-              f"NVRTC {nvrtc}")
-        t0 = time.perf_counter()
-        cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
-        torch.cuda.synchronize()
-        print(f"first call (compile or disk cache, load, run): {(time.perf_counter() - t0) * 1e3:.1f} ms "
-              f"[{build.stats['compiles']} compiled, {build.stats['disk_hits']} from disk cache]")
-        ref_k, ref_s = dst_k.clone(), dst_s.clone()
-        ref_k.view(torch.uint8).fill_(0xA5)
-        ref_s.fill_(0xA5)
-        from ..ops.gather import plan_gather
-        from ..ops.gather_torch import gather_torch
-        gather_torch(plan_gather(kv, ref_k, ref_s, bt, cu), kv, ref_k, ref_s, bt, cu)
-        same = torch.equal(dst_k.view(torch.uint8), ref_k.view(torch.uint8)) and torch.equal(dst_s, ref_s)
-        print(f"bit-exact against the torch path: {'yes' if same else 'NO'}")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
-        end.record()
-        end.synchronize()
-        sec = start.elapsed_time(end) / 20 / 1e3
-        print(f"NVRTC kernel: {sec * 1e6:.1f} us per call, {_gbps(tokens, sec):.0f} GB/s (read + write, L2 warm)")
-    else:
-        print("GPU: none visible to torch, so the CUDA kernel cannot run here; running the CPU (torch) path")
-        t0 = time.perf_counter()
-        cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
-        sec = time.perf_counter() - t0
-        ref_k, ref_s = dst_k.clone(), dst_s.clone()
-        ref_k.view(torch.uint8).fill_(0xA5)
-        ref_s.fill_(0xA5)
-        loop_gather(kv, ref_k, ref_s, bt, cu, lens)
-        same = torch.equal(dst_k.view(torch.uint8), ref_k.view(torch.uint8)) and torch.equal(dst_s, ref_s)
-        print(f"CPU path: {sec * 1e3:.1f} ms, {_gbps(tokens, sec):.1f} GB/s; "
-              f"matches a per-request loop: {'yes' if same else 'NO'}")
+    same = run_on_gpu(tensors, tokens, nvrtc, clock or CudaClock()) if gpu else run_on_cpu(tensors, lens)
     untouched = bool((dst_k.view(torch.uint8)[tokens:] == 0xA5).all())
     print(f"spare rows past cu_seq_lens[-1] left untouched: {'yes' if untouched else 'NO'}")
     err = full_cycle(device)

@@ -4,6 +4,7 @@ machine. Never raises and never prints a traceback: each probe that fails prints
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -92,29 +93,60 @@ def _torch(lines):
 
 
 def _cache(lines):
-    from ..jit.cubin_cache import SUFFIX, DiskCache
+    from ..jit.cubin_cache import MISSING, SUFFIX, DiskCache
 
-    d = settings.cache_dir()
-    enabled = settings.disk_cache_enabled()
-    disk = DiskCache(d)
-    if not d.exists():
+    try:
+        d = settings.cache_dir()
+    except Exception as exc:  # CacheLocationError: no home directory, a '~' that does not expand
+        lines.append(("cache dir", f"unknown: {exc}"))
+        lines.append(("cache", "not used: kernels are kept in memory"))
+        return
+    try:
+        enabled = "enabled" if settings.disk_cache_enabled() else f"disabled by {settings.DISABLE_CACHE_ENV}"
+    except Exception as exc:  # InvalidSettingError
+        enabled = f"unknown ({exc})"
+    problem = DiskCache(d).directory_problem()
+    if problem == MISSING:
         state = "does not exist yet (created at first use)"
     else:
-        problem = disk.directory_problem()
         state = f"not usable: {problem}" if problem else "usable"
     source = f"from ${settings.CACHE_DIR_ENV}" if os.environ.get(settings.CACHE_DIR_ENV) else "default"
     lines.append(("cache dir", f"{d} ({source})"))
-    lines.append(("cache", ("enabled" if enabled else f"disabled by {settings.DISABLE_CACHE_ENV}") + f", {state}"))
+    lines.append(("cache", f"{enabled}, {state}"))
     try:
         sizes = [e.stat(follow_symlinks=False).st_size for e in os.scandir(d)
                  if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
-        lines.append(("cache entries", f"{len(sizes)}, {human_size(sum(sizes))} (check them: nvrtc-gather cache verify)"))
+        lines.append(("cache entries", f"{len(sizes)}, {human_size(sum(sizes))} "
+                                       "(check them: nvrtc-gather cache verify --arch ARCH)"))
     except OSError:
         pass
 
 
+def _bindings_vs_nvrtc(notes) -> None:
+    """cuda-bindings of one CUDA major loads the NVRTC of its own major: an NVRTC wheel of
+    another major alone (e.g. torch 2.8 with no extra: cuda-bindings 13 beside NVRTC 12.8)
+    is silently not the one used, or not found at all."""
+    bindings = cuda_packages.bindings_major()
+    wheels = cuda_packages.nvrtc_wheels()
+    if bindings is None or not wheels or bindings in wheels:
+        return
+    have = " and ".join(f"{d} {v}" for d, v in wheels.values())
+    notes.append(f"cuda-bindings {installed_version('cuda-bindings')} is CUDA {bindings}, but the NVRTC wheel "
+                 f"installed is {have}: CUDA {bindings}'s bindings do not use it. Install the matching pair, e.g. "
+                 f"{cuda_packages.driver_match_hint(min(wheels))} (for torch's CUDA {min(wheels)}), or "
+                 f"{cuda_packages.driver_match_hint(bindings)}.")
+
+
+def _variables(lines, notes) -> None:
+    for name, state in settings.describe():
+        lines.append((name, state))
+        if "INVALID" in state:
+            notes.append(f"{name}={os.environ.get(name)!r} is not a boolean: the ops raise "
+                         "InvalidSettingError (at the first kernel load, or every call for the debug switch) until it is 1/true/yes/on, 0/false/no/off or unset")
+
+
 def collect() -> tuple[list[tuple[str, str]], list[str]]:
-    """(label, value) lines and warnings about version mismatches."""
+    """(label, value) lines and warnings about version mismatches and settings. Never raises."""
     lines: list[tuple[str, str]] = [
         ("nvrtc-gather", f"{__version__} ({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})"),
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -122,15 +154,23 @@ def collect() -> tuple[list[tuple[str, str]], list[str]]:
     notes: list[str] = []
     nv = _nvrtc(lines)
     lines.append(("cuda-bindings", installed_version("cuda-bindings") or "not installed"))
+    _bindings_vs_nvrtc(notes)
     _driver(lines, notes, nv)
     _torch(lines)
     _cache(lines)
+    _variables(lines, notes)
     return lines, notes
 
 
 def main(argv=None) -> int:
-    argparse.ArgumentParser(prog="nvrtc-gather info", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    p = argparse.ArgumentParser(prog="nvrtc-gather info", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object: {"info": {label: value, ...}, "warnings": [...]}')
+    args = p.parse_args(argv)
     lines, notes = collect()
+    if args.json:
+        print(json.dumps({"info": dict(lines), "warnings": notes}, indent=1))
+        return 0
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k:<{width}}  {v}")

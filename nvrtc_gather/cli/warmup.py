@@ -8,8 +8,9 @@ cache, with no GPU needed, so that no process of a fleet compiles at first use.
 Guarantees:
 - every entry goes through ``build.build_image`` (the one compile and cache path), so
   it lands under exactly the key a later process looks up;
-- an arch given as a GPU (sm_90, 90, 9.0) is warmed as ``compiler.pick_target`` maps it,
-  i.e. what such a GPU will actually load (a GPU newer than NVRTC gets PTX);
+- an arch given as a GPU (sm_90, 90, 9.0, sm_90a) is warmed as ``compiler.pick_target`` maps
+  it, i.e. what such a GPU will actually load (sm_90a -> sm_90; a GPU newer than NVRTC gets
+  PTX), and the output says so for each arch it maps;
 - an entry is reported ``compiled`` or ``cached`` only after it was read back from the
   cache directory and verified; the exit status is 0 only if every entry is there
   (1: some failed, 2: bad arguments or no arch to warm).
@@ -35,20 +36,26 @@ from .text import Progress, collected_warnings, human_size, table
 _ARCH = re.compile(r"^(?:(sm|compute)_?(\d{2,3})([af]?)|(\d{1,2})\.(\d)([af]?)|(\d{2,3})([af]?))$")
 
 
-def parse_arch(text: str, supported: tuple[int, ...] | None = None) -> compiler.Target:
-    """A Target from 'sm_90', '90', '9.0', 'compute_90', 'sm_90a', ... A GPU arch without a
-    suffix is mapped by pick_target (what that GPU will load); compute_XY and suffixed
-    archs are taken as given. Raises ValueError with a message for the user."""
+def spelled_arch(text: str) -> tuple[str, int, str]:
+    """('sm' | 'compute', compute capability, suffix 'a' | 'f' | '') from 'sm_90', '90', '9.0',
+    'compute_90', 'sm_90a', ... as written, not yet mapped. Raises ValueError."""
     m = _ARCH.match(text.strip().lower())
     if not m:
         raise ValueError(f"cannot read arch {text!r}: write it as sm_90, 90, 9.0 or compute_90")
     kind, num, suffix, major, minor, suffix2, plain, suffix3 = m.groups()
-    if kind == "compute":
-        return compiler.Target(f"compute_{num}{suffix}")
     cc = int(num) if num else int(major) * 10 + int(minor) if major else int(plain)
-    suffix = suffix or suffix2 or suffix3
-    if suffix:
-        return compiler.Target(f"sm_{cc}{suffix}")
+    return kind or "sm", cc, suffix or suffix2 or suffix3 or ""
+
+
+def parse_arch(text: str, supported: tuple[int, ...] | None = None) -> compiler.Target:
+    """The target a GPU of arch ``text`` ('sm_90', '90', '9.0', 'sm_90a', ...) loads, as the
+    runtime picks it (compiler.pick_target: the plain sm_XY cubin; PTX for a GPU newer than
+    NVRTC). An arch-specific suffix ('sm_90a', '10.0f') names the same GPU, which loads the
+    plain sm_XY: the ops use no arch-specific instructions. 'compute_XY' (PTX) is taken as
+    given. Raises ValueError with a message for the user."""
+    kind, cc, suffix = spelled_arch(text)
+    if kind == "compute":
+        return compiler.Target(f"compute_{cc}{suffix}")
     try:
         return compiler.pick_target(cc, supported)
     except MissingDependencyError as exc:
@@ -132,9 +139,11 @@ def _targets(args, out) -> list[compiler.Target] | None:
         targets = []
         for text in archs:
             t = parse_arch(text, supported)
-            if re.sub(r"\D", "", t.arch) != re.sub(r"\D", "", text):  # remapped, not just respelled
-                out.write(f"note: {text} -> {t.arch} (what a GPU of that arch loads with NVRTC "
-                          f"{'.'.join(map(str, compiler.nvrtc_version()))})\n")
+            kind, cc, suffix = spelled_arch(text)
+            if t.arch != f"{kind}_{cc}{suffix}":  # remapped, not just respelled
+                out.write(f"note: {text} is warmed as {t.arch}, what a GPU of compute capability {cc // 10}.{cc % 10} "
+                          f"loads with NVRTC {'.'.join(map(str, compiler.nvrtc_version()))}"
+                          + (" (the ops use no arch-specific instructions)" if suffix else "") + "\n")
             targets.append(t)
         return list(dict.fromkeys(targets))
     try:
@@ -164,7 +173,7 @@ def main(argv=None) -> int:
         sys.stderr.write(f"error: the disk cache is disabled by {settings.DISABLE_CACHE_ENV}; "
                          "unset it, or pass --cache-dir\n")
         return 2
-    directory = Path(os.path.abspath(args.cache_dir)) if args.cache_dir else settings.cache_dir()
+    directory = settings.cache_dir(args.cache_dir)
     try:
         targets = _targets(args, out)
     except ValueError as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import settings
 from .._version import __version__
-from ..errors import JitDisabledError
+from ..errors import CacheLocationError, JitDisabledError
 from . import compiler, sources
 from . import cubin_cache as cache_mod
 from .catalogue import KernelModule
@@ -102,7 +102,12 @@ def _from_disk(disk: cache_mod.DiskCache, name: str, key: str) -> bytes | None:
 def _compile(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None,
              compile_ok: bool | None = None) -> bytes:
     if not (compile_ok if compile_ok is not None else not settings.jit_disabled()):
-        where = disk.directory if disk is not None else settings.cache_dir()
+        if disk is None:
+            raise JitDisabledError(
+                f"{settings.DISABLE_JIT_ENV} is set and no disk cache is in use ({_no_cache_reason()}), so the "
+                f"{module.name} kernels for {target.arch} cannot be read from one; point {settings.CACHE_DIR_ENV} "
+                f"at a cache warmed with: nvrtc-gather warmup --arch {target.arch} --cache-dir DIR")
+        where = disk.directory
         raise JitDisabledError(
             f"{settings.DISABLE_JIT_ENV} is set and the {module.name} kernels for {target.arch} are not in the "
             f"kernel cache at {where}; warm it first: nvrtc-gather warmup --arch {target.arch} --cache-dir {where}")
@@ -112,6 +117,16 @@ def _compile(module: KernelModule, target: compiler.Target, disk: cache_mod.Disk
     log.info("compiled %s for %s in %.0f ms (%s)", module.name, target.arch, (time.perf_counter() - t0) * 1e3,
              f"cached in {disk.directory}" if disk is not None else "disk cache off: kept in memory")
     return image
+
+
+def _no_cache_reason() -> str:
+    if not settings.disk_cache_enabled():
+        return f"{settings.DISABLE_CACHE_ENV} is set"
+    try:
+        settings.cache_dir()
+    except CacheLocationError as exc:
+        return str(exc)
+    return "the disk cache was not used for this build"
 
 
 def image_for_gpu(module: KernelModule, capability: int) -> tuple[compiler.Target, BuildResult | None]:

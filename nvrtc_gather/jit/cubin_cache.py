@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .. import settings
+from ..errors import CacheLocationError
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def parse_entry_name(filename: str) -> tuple[str, str, str] | None:
 _TEMP_NAME = re.compile(r"\.(?P<entry>.+)\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX), re.ASCII)
 
 ENTRY, LOCK, TEMP = "entry", "lock", "temp"
+MISSING = "it does not exist"  # DiskCache.directory_problem() of a directory not made yet
 
 
 def name_kind(filename: str) -> str | None:
@@ -257,16 +259,16 @@ class DiskCache:
         return self._usable
 
     def directory_problem(self, create: bool = False) -> str | None:
-        """Why this directory must not be used (None if it may). Follows a symlinked
-        directory and judges its target. Never raises."""
+        """Why this directory must not be used (None if it may; ``MISSING`` if it does not
+        exist). Follows a symlinked directory and judges its target. Never raises."""
         try:
             if create:
                 self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             st = self.directory.stat()
         except FileNotFoundError:
-            return "it does not exist"
-        except OSError as exc:
-            return f"cannot create it: {exc.strerror or exc}"
+            return MISSING
+        except OSError as exc:  # ENAMETOOLONG, EACCES on a parent, ELOOP, ...
+            return f"cannot {'create' if create else 'check'} it: {exc.strerror or exc}"
         if not stat.S_ISDIR(st.st_mode):
             return "it is not a directory"
         if st.st_uid != os.geteuid():
@@ -472,11 +474,22 @@ def _flock_with_timeout(fd: int, timeout: float) -> bool:
 _caches: dict[Path, DiskCache] = {}
 
 
+_location_warned: set[str] = set()
+
+
 def current() -> DiskCache | None:
-    """The cache chosen by the environment right now, or None when disabled."""
+    """The cache chosen by the environment right now, or None when disabled or when no
+    directory can be determined (kernels then stay in memory, with one warning per cause)."""
     if not settings.disk_cache_enabled():
         return None
-    d = settings.cache_dir()
+    try:
+        d = settings.cache_dir()
+    except CacheLocationError as exc:
+        if str(exc) not in _location_warned:
+            _location_warned.add(str(exc))
+            log.warning("nvrtc_gather: not using a kernel cache: %s; kernels are kept in memory only. Set %s=1 to "
+                        "silence this.", exc, settings.DISABLE_CACHE_ENV)
+        return None
     c = _caches.get(d)
     if c is None:
         c = _caches.setdefault(d, DiskCache(d))

@@ -132,6 +132,7 @@ def _load(module: KernelModule, target: compiler.Target, device: int, image: byt
 def _build_and_load(module: KernelModule, device: int) -> dict[str, int]:
     """Build (or read) the image the device loads and load it; a cached image that the driver
     refuses is discarded, compiled afresh and replaced, once."""
+    settings.jit_disabled()  # a value it does not understand raises at every first load, cache hit or not
     target, built = build.image_for_gpu(module, driver.capability(device))
     if (module.name, target.arch) in _libraries:
         return _load(module, target, device, None)

@@ -49,7 +49,8 @@ def _no_driver(monkeypatch):
 
 @pytest.mark.parametrize("text, arch", [
     ("sm_90", "sm_90"), ("90", "sm_90"), ("9.0", "sm_90"), ("SM_90", "sm_90"), ("sm90", "sm_90"),
-    ("compute_90", "compute_90"), ("sm_90a", "sm_90a"), ("10.0", "sm_100"), ("12.1", "sm_121"),
+    ("compute_90", "compute_90"), ("10.0", "sm_100"), ("12.1", "sm_121"),
+    ("sm_90a", "sm_90"), ("9.0a", "sm_90"), ("100f", "sm_100"),  # an H200 loads sm_90, whatever the suffix
     ("sm_91", "sm_90"),            # same major, newer minor: the older cubin runs there
     ("sm_130", "compute_121"),     # newer than NVRTC: PTX, as pick_target chooses at run time
 ])
@@ -98,12 +99,14 @@ def test_warmup_all_uses_every_supported_arch(tmp_path, monkeypatch, capsys):
 
 
 def test_warmup_defaults_to_the_gpus_present(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)  # GPU images set it; it would win
     _fake_gpus(monkeypatch, [90, 90, 86])
     assert warmup.main(["--cache-dir", str(tmp_path), "--no-progress"]) == 0
     assert {e.arch for e in cubin_cache.DiskCache(tmp_path).entries()} == {"sm_90", "sm_86"}
 
 
 def test_warmup_without_gpu_or_arch_says_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     _no_driver(monkeypatch)
     assert warmup.main(["--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
