@@ -13,7 +13,9 @@ from nvrtc_gather.jit import driver
 def test_demo_runs_and_checks_itself(capsys):
     assert demo.main(["--batch", "8", "--mean-len", "300"]) == 0
     out = capsys.readouterr().out
-    assert "matches a per-request loop: yes" in out
+    # the CPU branch here; on a GPU machine the GPU branch (also driven on CPU below)
+    assert ("bit-exact against the torch path: yes" if torch.cuda.is_available()
+            else "matches a per-request loop: yes") in out
     assert "full cycle" in out and "within fp8-e4m3 tolerance" in out
 
 
