@@ -33,14 +33,17 @@ from pathlib import Path
 import torch
 
 from nvrtc_gather.jit import build, compiler, driver, runtime
-from nvrtc_gather.jit.catalogue import GATHER, GATHER_PARAMS, THREADS_PER_BLOCK
-from nvrtc_gather.ops import gather, paged_layout
+from nvrtc_gather.jit.spec import Entry, KernelModule
+from nvrtc_gather.kernels import gather as gather_kernels
+from nvrtc_gather.ops import gather, indexer_k_quant, paged_layout
 from nvrtc_gather.ops.gather_torch import gather_torch
 
 HERE = Path(__file__).resolve().parent
 # vLLM's approach (a linear scan of cu_seq_lens per block), same parameters as the gather.
-BASELINE_LINEAR_SCAN = dataclasses.replace(GATHER, name="baseline_linear_scan", source="baseline_linear_scan.cu",
-                                           kernels=("baseline_linear_scan",), options=(), source_dir=str(HERE))
+GATHER = gather_kernels.MODULES[16]
+BASELINE_LINEAR_SCAN = KernelModule(name="baseline_linear_scan", source="baseline_linear_scan.cu",
+                                    entries=(Entry("baseline_linear_scan"),), params=gather_kernels.PARAMS,
+                                    label="baseline", source_dir=str(HERE))
 # The op's own build under another name: timing it beside the op measures the noise.
 GATHER_CONTROL = dataclasses.replace(GATHER, name="gather_indexer_k_control")
 GATHER_VARIANTS = (GATHER_CONTROL,)
@@ -121,9 +124,10 @@ def _baseline(w: Workload, k, s):
     dev = torch.cuda.current_device()
     stream = runtime.current_stream(dev)
     p = gather.plan_gather(w.kv, k, s, w.block_table, w.cu)
-    per = THREADS_PER_BLOCK // 32
+    per = BASELINE_LINEAR_SCAN.threads // 32
+    pack = gather_kernels.PARAMS.packer(**gather.struct_fields(p))
     runtime.load(BASELINE_LINEAR_SCAN, dev, stream).launch("baseline_linear_scan", (p.num_tokens + per - 1) // per,
-                                                          p[2:], stream)
+                                                          stream, lambda buf, error: pack(buf, error=error))
 
 
 def l2_bytes() -> int:
@@ -246,18 +250,25 @@ def _metadata_reads(*tensors):
 
 
 def host_cost(calls: int = 10000) -> dict:
-    """Median ns per call of the full Python op (validation included), back to back, on
-    the smallest workload; torch's copy_ of a small tensor measured the same way."""
+    """Median µs per call of each op through each entry point users call (the plain function,
+    torch.ops.nvrtc_gather.*, and vLLM's torch.ops._C_cache_ops.* after the adapter's
+    register()), back to back on small tensors; torch's copy_ of a small tensor measured the
+    same way, in the same run, as the yardstick; and the floors under them."""
     w = Workload(1, 1000, 0, seed=1)
     k, s = w.outputs()
-    op = gather.cp_gather_indexer_k_quant_cache
     args = (w.kv, k, s, w.block_table, w.cu)
+    kq = torch.randn(1000, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    slots = torch.arange(1000, device="cuda", dtype=torch.int64)
+    kv_q = torch.zeros_like(w.kv)
+    qargs = (kq, kv_q, slots, QBS, "ue8m0")
     a = torch.empty(1024, device="cuda")
     b = torch.empty(1024, device="cuda")
-    plan = gather.plan_gather
+    from nvrtc_gather.integrations import vllm as vllm_adapter
+    vllm_adapter.register()
+    vllm_ops = torch.ops._C_cache_ops
 
     def per_call(fn, *fargs, burst=250):
-        """Median ns of single calls, in bursts with a sync between them (untimed), so the
+        """Median µs of single calls, in bursts with a sync between them (untimed), so the
         GPU's launch queue never fills: a full queue would make the host wait for the GPU
         and measure kernel time instead of host cost."""
         for _ in range(200):
@@ -274,38 +285,45 @@ def host_cost(calls: int = 10000) -> dict:
         return statistics.median(t) / 1000.0
 
     dev = torch.cuda.current_device()
-    name, grid, values = gather.launch_config(plan(*args))
+    plan = gather.plan_gather(*args)
+    name, grid, fields = gather.launch_config(plan)
     stream = runtime.current_stream(dev)
-    kernels = runtime.load(GATHER, dev, stream)
-    fn = kernels.functions[name]
+    fn = runtime.load(GATHER, dev, stream).functions[name]
     # The raw driver calls, on a parameter buffer of our own, for the floor of a launch.
     raw = driver.raw()
-    layout = GATHER_PARAMS.layout
-    buf = ctypes.create_string_buffer(layout.size)
-    layout.pack_into(buf, 0, *values, 0)
+    params_struct = gather_kernels.PARAMS
+    buf = ctypes.create_string_buffer(params_struct.layout.size)
+    pack = params_struct.packer(**fields)
+    pack(buf, error=0)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
     cur = ctypes.c_void_p()
     cur_ref = ctypes.byref(cur)
-    cfg = driver.LaunchConfig(grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, None, 0)
+    cfg = driver.LaunchConfig(grid, 1, 1, GATHER.threads, 1, 1, 0, stream, None, 0)
     cfg_addr = ctypes.addressof(cfg)
     out = {
-        "op_us": per_call(op, *args),
-        "custom_op_us": per_call(torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache, *args),
-        "validation_only_us": per_call(plan, *args),
+        "torch_copy_us": per_call(a.copy_, b),
+        "gather_us": per_call(gather.cp_gather_indexer_k_quant_cache, *args),
+        "write_us": per_call(indexer_k_quant.indexer_k_quant_and_cache, *qargs),
+        "gather_custom_op_us": per_call(torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache, *args),
+        "write_custom_op_us": per_call(torch.ops.nvrtc_gather.indexer_k_quant_and_cache, *qargs),
+        "gather_vllm_op_us": per_call(vllm_ops.cp_gather_indexer_k_quant_cache, *args),
+        "write_vllm_op_us": per_call(vllm_ops.indexer_k_quant_and_cache, *qargs),
+        "gather_full_checks_us": per_call(gather.plan_gather, *args),
         "metadata_reads_us": per_call(_metadata_reads, *args),
         "current_stream_us": per_call(runtime.current_stream, dev),
-        "kernel_handle_launch_us": per_call(kernels.launch, name, grid, values, stream),
-        "raw_cuLaunchKernel_us": per_call(raw.launch, fn, grid, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream, params, None),
         "raw_cuLaunchKernelEx_us": per_call(raw.launch_ex, cfg_addr, fn, params, None),
         "cuCtxGetCurrent_us": per_call(raw.ctx_get_current, cur_ref),
-        "pack_us": per_call(layout.pack_into, buf, 0, *values, 0),
-        "torch_copy_us": per_call(a.copy_, b),
+        "pack_us": per_call(lambda: pack(buf, error=0)),
         "calls": calls,
     }
-    # The op once more at the end: the first measurement has read high on some hosts
-    # (21.3 µs, then 18.3 µs for the registered op that calls it); report the lower.
-    again = per_call(op, *args)
-    out["op_first_us"], out["op_us"] = out["op_us"], min(out["op_us"], again)
+    # Each op once more at the end, with the yardstick: the first measurements have read high
+    # on some hosts; report the lower of the two for every entry.
+    for key, fn_, fargs in (("torch_copy_us", a.copy_, (b,)), ("gather_us", gather.cp_gather_indexer_k_quant_cache, args),
+                            ("write_us", indexer_k_quant.indexer_k_quant_and_cache, qargs)):
+        out[key] = min(out[key], per_call(fn_, *fargs))
+    for key in ("gather_us", "write_us", "gather_custom_op_us", "write_custom_op_us", "gather_vllm_op_us",
+                "write_vllm_op_us"):
+        out[key.replace("_us", "_over_copy")] = round(out[key] / out["torch_copy_us"], 3)
     return out
 
 
@@ -382,8 +400,9 @@ def markdown(result: dict) -> str:
             out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
                        f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} |")
     h = result["host_cost"]
-    out += ["", "| host cost per call (median of 10,000) | µs |", "| --- | --- |"]
-    out += [f"| {k[:-3].replace('_', ' ')} | {v:.2f} |" for k, v in h.items() if k.endswith("_us")]
+    out += ["", "| host cost per call (median of 10,000) | µs | / torch copy_ |", "| --- | --- | --- |"]
+    out += [f"| {k[:-3].replace('_', ' ')} | {v:.2f} | {h.get(k[:-3] + '_over_copy', '')} |"
+            for k, v in h.items() if k.endswith("_us")]
     f = result.get("first_call") or {}
     if f:
         out += ["", f"First call in a fresh process: {f['cold_first_call_ms']:.0f} ms on an empty cache "

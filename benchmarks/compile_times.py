@@ -19,8 +19,9 @@ import time
 _ONE = r"""
 import sys, time, json
 t0 = time.perf_counter()
-from nvrtc_gather.jit import catalogue, compiler
-m = {m.name: m for m in catalogue.ALL_MODULES}[sys.argv[1]]
+from nvrtc_gather.jit import compiler
+from nvrtc_gather import kernels
+m = {m.name: m for m in kernels.ALL_MODULES}[sys.argv[1]]
 t = compiler.Target(sys.argv[2])
 t1 = time.perf_counter()
 compiler.compile_module(m, t)            # first: loads NVRTC too
@@ -36,9 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
-    from nvrtc_gather.jit import catalogue, compiler
+    from nvrtc_gather.jit import compiler
     rows = []
-    for m in catalogue.ALL_MODULES:
+    for m in kernels.ALL_MODULES:
         r = subprocess.run([sys.executable, "-c", _ONE, m.name, args.arch], capture_output=True, text=True, check=True)
         rows.append({"module": m.name, **json.loads(r.stdout.strip().splitlines()[-1])})
         print(f"{m.name:<22} first call {rows[-1]['first_s']:6.2f} s   compile alone {rows[-1]['compile_s']:6.2f} s",

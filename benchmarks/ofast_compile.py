@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
 from bench_quant import BLOCK_SIZE, CACHE_STRIDE, HEAD_DIM, QBS, _slots  # noqa: E402
 
-from nvrtc_gather.jit import catalogue  # noqa: E402
 from nvrtc_gather.ops import indexer_k_quant  # noqa: E402
+from nvrtc_gather.kernels import indexer_k_quant as quant_kernels
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -23,7 +23,7 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 def main() -> int:
     flush = bench.flush_buffer()
     for dt, dtype in DTYPES.items():
-        op_module = catalogue.QUANT_MODULES[dt, 16]  # the workloads are 16-byte aligned
+        op_module = quant_kernels.MODULES[dt, 16]  # the workloads are 16-byte aligned
         fast = dataclasses.replace(op_module, name=op_module.name + "_ofc", options=op_module.options + ("--Ofast-compile=max",))
         for tokens, pattern, fmt in ((16384, "paged", "ue8m0"), (1 << 20, "paged", "ue8m0"),
                                      (1 << 20, "scattered", "fp8_e4m3"), (131072, "scattered", "ue8m0")):

@@ -43,7 +43,7 @@ def run(workloads) -> None:
             if module == "baseline":
                 fn = lambda: bench._baseline(w, k, s)  # noqa: E731
             else:
-                fn = gather.prepared(*args, module=module or gather.GATHER, tokens_per_cta=tpc)
+                fn = gather.prepared(*args, module=module, tokens_per_cta=tpc)
             for _ in range(REPS):
                 fn()
         torch.cuda.synchronize()

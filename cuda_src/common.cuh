@@ -9,9 +9,11 @@ typedef int i32;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// Every kernel runs with this many threads per block; the host launcher uses
-// the same number (nvrtc_gather/jit/catalogue.py: THREADS_PER_BLOCK).
-#define NG_THREADS 256
+// Threads per block of every entry point: -DNG_THREADS from the module's spec
+// (jit/spec.py: KernelModule.threads), which the launcher uses too.
+#ifndef NG_THREADS
+#error "NG_THREADS is set by the module's spec (-DNG_THREADS)"
+#endif
 
 // Vector types used for the byte copies, chosen by the host from what the
 // pointers and strides allow (16, 8 or 4 bytes).
@@ -20,8 +22,8 @@ template <> struct Vec<16> { typedef uint4 T; };
 template <> struct Vec<8> { typedef uint2 T; };
 template <> struct Vec<4> { typedef u32 T; };
 
-// Error codes reported in debug mode (NVRTC_GATHER_DEBUG=1). The host decodes
-// them in nvrtc_gather/jit/debug_errors.py; keep the two lists in sync.
+// Error codes reported in debug mode (NVRTC_GATHER_DEBUG=1). The host decodes them with
+// nvrtc_gather/jit/debug_errors.py's table; tests/jit/test_spec.py checks the two agree.
 #define NG_ERR_ROW_UNOWNED 1        // a row below cu_seq_lens[-1] belongs to no request
 #define NG_ERR_BLOCK_INDEX 2        // token needs a block_table column >= max_blocks
 #define NG_ERR_BLOCK_ID 3           // block_table entry outside [0, num_blocks)

@@ -24,7 +24,7 @@
 // so a huge position fails the max_blocks check instead of wrapping negative.
 //
 // Shared memory is kept to 2 KiB on purpose: the driver sizes the SM's shared-memory
-// carve-out by it, and builds with more ran slower on every workload (benchmarks/NOTES.md, v6).
+// carve-out by it, and more costs small calls time.
 #include "gather_params.cuh"
 
 // x / d for any x < 2^32 (FastDiv takes x < 2^31).
@@ -86,9 +86,8 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     if (p.error != 0 && blockIdx.x == 0) check_cu_seq_lens(p);
     // Rows past cu_seq_lens[-1] fail the per-row check below (row < cu[r + 1] with r the
     // last request): nothing waits for the total before the first byte moves.
-    // row0 + tokens_per_cta fits for num_tokens <= INT32_MAX - NG_THREADS. Kept signed: the
-    // compiler may then assume it does; an overflow-free form was slower (benchmarks/NOTES.md, v9).
-    // The host keeps num_tokens + NG_THREADS within int32 (ops/gather.py).
+    // row0 + tokens_per_cta fits for num_tokens <= INT32_MAX - NG_THREADS, which the host
+    // guarantees (ops/gather.py). Kept signed: the compiler may then assume it does.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
     const FastDiv by_block(p.block_size), by_words(p.scale_words);
@@ -248,26 +247,6 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     for (int c = lane + 32; c < p.scale_words; c += 32) sdst[c] = __ldg(ssrc + c);
 }
 
-// One entry point per vector width and shape; names are fixed (extern "C") so the
-// host finds them without NVRTC name expressions. Each vector width is its own module
-// (nvrtc_gather/jit/catalogue.py: -DNG_GATHER_VEC=16, 8 or 4), so a process compiles only
-// the widths its calls use; without NG_GATHER_VEC (the host emulator) all are built.
-#define NG_GATHER_ENTRY(NAME, KVEC, UNROLL) \
-    extern "C" __global__ void __launch_bounds__(NG_THREADS) NAME(const GatherParams p) { gather_body<KVEC, UNROLL>(p); }
-#define NG_GATHER_TINY_ENTRY(NAME, KVEC) \
-    extern "C" __global__ void __launch_bounds__(NG_THREADS) NAME(const GatherParams p) { gather_tiny<KVEC>(p); }
-#if !defined(NG_GATHER_VEC) || NG_GATHER_VEC == 16
-NG_GATHER_ENTRY(gather_indexer_k_v16, 16, 4)
-NG_GATHER_ENTRY(gather_indexer_k_v16_wide, 16, 8)
-NG_GATHER_TINY_ENTRY(gather_indexer_k_v16_tiny, 16)
-#endif
-#if !defined(NG_GATHER_VEC) || NG_GATHER_VEC == 8
-NG_GATHER_ENTRY(gather_indexer_k_v8, 8, 4)
-NG_GATHER_ENTRY(gather_indexer_k_v8_wide, 8, 8)
-NG_GATHER_TINY_ENTRY(gather_indexer_k_v8_tiny, 8)
-#endif
-#if !defined(NG_GATHER_VEC) || NG_GATHER_VEC == 4
-NG_GATHER_ENTRY(gather_indexer_k_v4, 4, 4)
-NG_GATHER_ENTRY(gather_indexer_k_v4_wide, 4, 8)
-NG_GATHER_TINY_ENTRY(gather_indexer_k_v4_tiny, 4)
-#endif
+// Entry points: none here. Each module's spec (nvrtc_gather/kernels/gather.py) names its
+// entry points and the body each runs (gather_body<16, 4>, gather_tiny<8>, ...); the JIT
+// appends one extern "C" wrapper per entry (jit/spec.py), so a module holds only its own.

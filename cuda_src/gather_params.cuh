@@ -1,5 +1,5 @@
 // Parameters of the gather kernels, passed by value as one struct. The host declares the
-// same fields in nvrtc_gather/jit/catalogue.py (GATHER_PARAMS); a test compares them.
+// same fields in nvrtc_gather/kernels/gather.py (PARAMS); a test compares them.
 #pragma once
 #include "common.cuh"
 

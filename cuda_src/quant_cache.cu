@@ -13,9 +13,7 @@
 // Generic kernels (quant_cache_<type>_any): one thread per (token, quant block), element
 // loads and byte stores; any alignment, any quant block size, any head_dim.
 //
-// Instructions per element, not bytes, kept the first version at twice the copy's time (an
-// integer fp8 encoder of ~12 instructions an element, integer work at half sm_90's fp32
-// rate, integer divisions and address arithmetic per lane and token). Hence:
+// What keeps the vector kernels at the copy's pace is instructions per element, not bytes:
 // - fp8 conversion by cvt.rn.satfinite.e4m3x2.f32 on sm_89+ (fp8_e4m3.cuh): one instruction
 //   per pair, packed by the conversion itself;
 // - amax of 16-bit types on the packed words (__vmaxu2: one VIMNMX per two elements, three
@@ -39,8 +37,11 @@
 #include "quant_params.cuh"
 #include "fp8_e4m3.cuh"
 
-// Tokens per block / tokens_per_pass of the vector kernels: the host's indexer_k_quant.UNROLL.
-#define NG_QUNROLL 4
+// Tokens per lane of the vector kernels (a block covers NG_QUNROLL * tokens_per_pass tokens):
+// -DNG_QUNROLL from the spec, nvrtc_gather/kernels/indexer_k_quant.py (UNROLL).
+#ifndef NG_QUNROLL
+#error "NG_QUNROLL is set by the module's spec (-DNG_QUNROLL)"
+#endif
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 __device__ __forceinline__ float ng_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
@@ -429,41 +430,6 @@ __device__ __forceinline__ void quant_any(const QuantParams& p) {
     *reinterpret_cast<float*>(base + (i64)p.block_size * p.head_dim + ((i64)off * nq + q) * 4) = scale;
 }
 
-// Fixed extern "C" names: the host finds them without NVRTC name expressions. Each entry point
-// is its own module (nvrtc_gather/jit/catalogue.py: -DNG_QUANT_K=1 bf16, 2 f16, 4 f32 and
-// -DNG_QUANT_VEC=16, 8, or 0 for the generic kernel), so a process compiles only what its
-// writes use; without them (the host emulator, test builds) all nine are built.
-#ifndef NG_QUANT_K
-#define NG_QUANT_K 0     // every k dtype
-#endif
-#ifndef NG_QUANT_VEC
-#define NG_QUANT_VEC -1  // every width
-#endif
-#define NG_QUANT_ENTRY(K, VEC) ((NG_QUANT_K == 0 || NG_QUANT_K == K) && (NG_QUANT_VEC == -1 || NG_QUANT_VEC == VEC))
-#if NG_QUANT_ENTRY(1, 16)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_v16(const QuantParams p) { quant_vec<Bf16, 16>(p); }
-#endif
-#if NG_QUANT_ENTRY(1, 8)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_v8(const QuantParams p) { quant_vec<Bf16, 8>(p); }
-#endif
-#if NG_QUANT_ENTRY(1, 0)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_bf16_any(const QuantParams p) { quant_any<Bf16>(p); }
-#endif
-#if NG_QUANT_ENTRY(2, 16)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_v16(const QuantParams p) { quant_vec<F16, 16>(p); }
-#endif
-#if NG_QUANT_ENTRY(2, 8)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_v8(const QuantParams p) { quant_vec<F16, 8>(p); }
-#endif
-#if NG_QUANT_ENTRY(2, 0)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f16_any(const QuantParams p) { quant_any<F16>(p); }
-#endif
-#if NG_QUANT_ENTRY(4, 16)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_v16(const QuantParams p) { quant_vec<F32, 16>(p); }
-#endif
-#if NG_QUANT_ENTRY(4, 8)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_v8(const QuantParams p) { quant_vec<F32, 8>(p); }
-#endif
-#if NG_QUANT_ENTRY(4, 0)
-extern "C" __global__ void __launch_bounds__(NG_THREADS) quant_cache_f32_any(const QuantParams p) { quant_any<F32>(p); }
-#endif
+// Entry points: none here. Each module's spec (nvrtc_gather/kernels/indexer_k_quant.py) names
+// its entry points and the body each runs (quant_vec<Bf16, 16>, quant_any<F32>, ...); the JIT
+// appends one extern "C" wrapper per entry (jit/spec.py), so a module holds only its own.

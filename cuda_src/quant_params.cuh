@@ -1,5 +1,5 @@
 // Parameters of the indexer_k_quant_and_cache kernels, passed by value as one struct. The host
-// declares the same fields in nvrtc_gather/jit/catalogue.py (QUANT_PARAMS); a test compares them.
+// declares the same fields in nvrtc_gather/kernels/indexer_k_quant.py (PARAMS); a test compares them.
 #pragma once
 #include "common.cuh"
 

@@ -10,7 +10,8 @@ import pytest
 
 from nvrtc_gather import settings
 from nvrtc_gather.errors import CacheLocationError, InvalidSettingError, JitDisabledError
-from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, runtime
+from nvrtc_gather.jit import build, compiler, cubin_cache, runtime
+from nvrtc_gather.kernels import gather as gather_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +40,7 @@ def test_disable_jit_with_a_bad_value_fails_at_the_first_load_even_on_a_cache_hi
     monkeypatch.setattr(runtime, "_loaded", {})
     monkeypatch.setenv(settings.DISABLE_JIT_ENV, "2")
     with pytest.raises(InvalidSettingError, match=settings.DISABLE_JIT_ENV):
-        runtime.load(catalogue.GATHER, 0)
+        runtime.load(gather_kernels.MODULES[16], 0)
 
 
 def test_disable_jit_with_a_bad_value_never_compiles(monkeypatch, tmp_path):
@@ -47,7 +48,7 @@ def test_disable_jit_with_a_bad_value_never_compiles(monkeypatch, tmp_path):
     monkeypatch.setenv(settings.DISABLE_JIT_ENV, "enable")
     before = build.stats["compiles"]
     with pytest.raises(InvalidSettingError):
-        build.build_image(catalogue.GATHER, compiler.Target("sm_90"))
+        build.build_image(gather_kernels.MODULES[16], compiler.Target("sm_90"))
     assert build.stats["compiles"] == before
 
 
@@ -83,7 +84,7 @@ def test_ops_fall_back_to_memory_with_one_warning(how, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="nvrtc_gather"):
         assert cubin_cache.current() is None
         assert cubin_cache.current() is None
-        built = build.build_image(catalogue.GATHER, compiler.Target("sm_90"))
+        built = build.build_image(gather_kernels.MODULES[16], compiler.Target("sm_90"))
     assert built.image[:4] == b"\x7fELF" and not built.from_cache
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "kept in memory" in warnings[0].getMessage()
@@ -93,7 +94,7 @@ def test_jit_disabled_without_a_cache_says_why(monkeypatch):
     monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", "~nosuchuser_nvrtc/x")
     monkeypatch.setenv(settings.DISABLE_JIT_ENV, "1")
     with pytest.raises(JitDisabledError, match="cannot expand") as e:
-        build.build_image(catalogue.GATHER, compiler.Target("sm_90"))
+        build.build_image(gather_kernels.MODULES[16], compiler.Target("sm_90"))
     assert "None" not in str(e.value)
 
 
@@ -113,8 +114,8 @@ def test_describe_lists_every_variable_and_flags_bad_values(monkeypatch):
 
 def test_nothing_is_printed_when_the_application_configured_no_logging(tmp_path):
     """The cache-fallback warning must not reach stderr through logging's last-resort handler."""
-    code = ("from nvrtc_gather.jit import build, catalogue, compiler\n"
-            "build.build_image(catalogue.GATHER, compiler.Target('sm_90'))\n")
+    code = ("from nvrtc_gather.jit import build, compiler\nfrom nvrtc_gather.kernels import gather as gather_kernels\n"
+            "build.build_image(gather_kernels.MODULES[16], compiler.Target('sm_90'))\n")
     env = dict(os.environ, NVRTC_GATHER_CACHE_DIR="~nosuchuser_nvrtc/x")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -1,20 +1,20 @@
 """``nvrtc-gather cache list | verify | clear``: look after the disk cache.
 
-    list    every entry: module, arch, size, whether it is intact, whether this install
+    list    every image file: module, arch, size, whether it is intact, whether this install
             would use it (``stale``: left by another package or NVRTC version)
-    verify  re-check every entry (exit 1 if any is bad, or the directory cannot be read
+    verify  re-check every image file (exit 1 if any is bad, or the directory cannot be read
             or would not be used) and name the stale ones; ``--fix`` deletes the bad ones
             with their lock files (then exit 0 if all went, 1, naming each and why, if any
             could not be deleted); ``--arch sm_90 ...`` also exits 1 unless every kernel the
             ops can load on a GPU of each arch is present and current (a serving process
             there compiles nothing)
-    clear   remove every entry, lock file (orphans too) and leftover temp file, not the
+    clear   remove every image file, lock file (orphans too) and leftover temp file, not the
             directory; exit 1, naming each file and why, if any could not be removed
 
 They touch only the cache's own names (``{module}-{arch}-{key}.bin``, that + ``.lock``,
-``.<entry>.XXXXXXXX.tmp``): other files and subdirectories in the directory are listed
+``.<image>.XXXXXXXX.tmp``): other files and subdirectories in the directory are listed
 as not the cache's and left alone. None of them creates the directory; none raises for a
-bad entry."""
+bad file."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .. import settings
-from ..jit import cubin_cache as cache_mod
+from ..jit import cubin_cache
 from .text import human_size, table
 
 
@@ -34,9 +34,9 @@ def current_keys() -> KeyFor:
     """A function (module, arch) -> the key this install would use (None for a module it
     does not know), or None when NVRTC is missing (keys include its version)."""
     from ..errors import MissingDependencyError
-    from ..jit import build, catalogue, compiler
+    from ..jit import build, compiler, spec
 
-    modules = {m.name: m for m in catalogue.ALL_MODULES}
+    modules = {m.name: m for m in spec.registered()}
     try:
         compiler.nvrtc_version()
     except MissingDependencyError:
@@ -48,37 +48,34 @@ def current_keys() -> KeyFor:
     return key_for
 
 
-def _in_use(e: cache_mod.EntryInfo, key_for: KeyFor) -> str:
+def _in_use(e: cubin_cache.ImageFile, key_for: KeyFor) -> str:
     if key_for is None or e.module is None:
         return "?"
     want = key_for(e.module, e.arch)
     return "?" if want is None else "yes" if want == e.key else "stale"
 
 
-def _list(disk: cache_mod.DiskCache) -> int:
-    entries = disk.entries()
+def _list(disk: cubin_cache.DiskCache) -> int:
+    scan = disk.scan()
     key_for = current_keys()
-    if entries:
+    if scan.images:
         table(("module", "arch", "size", "valid", "in use", "key"),
-              [(e.module, e.arch, human_size(e.size), "yes" if e.valid else f"NO ({e.problem})",
-                _in_use(e, key_for), e.key[:12]) for e in entries])
-    total = sum(e.size for e in entries)
-    print(f"{len(entries)} entries, {human_size(total)}, in {disk.directory}{_dir_note(disk)}")
-    temps = disk.temp_files()
-    if temps:
-        print(f"{len(temps)} temp file(s) (a write in progress or a writer that died; "
+              [(i.module, i.arch, human_size(i.size), "yes" if i.valid else f"NO ({i.problem})",
+                _in_use(i, key_for), i.key[:12]) for i in scan.images])
+    total = sum(i.size for i in scan.images)
+    print(f"{len(scan.images)} image file(s), {human_size(total)}, in {disk.directory}{_dir_note(disk)}")
+    if scan.temps:
+        print(f"{len(scan.temps)} temp file(s) (a write in progress or a writer that died; "
               "ignored by readers, removed by `cache clear`)")
-    orphans = disk.orphan_locks()
-    if orphans:
-        print(f"{len(orphans)} lock file(s) without an entry (harmless; removed by `cache clear`)")
-    _print_foreign(disk)
+    if scan.orphan_locks:
+        print(f"{len(scan.orphan_locks)} lock file(s) without an image file (harmless; removed by `cache clear`)")
+    _print_foreign(scan.foreign)
     return 0
 
 
-def _print_foreign(disk: cache_mod.DiskCache) -> None:
-    foreign = disk.foreign()
+def _print_foreign(foreign: list[str]) -> None:
     if foreign:
-        names = ", ".join(p.name for p in foreign[:10]) + (", ..." if len(foreign) > 10 else "")
+        names = ", ".join(foreign[:10]) + (", ..." if len(foreign) > 10 else "")
         print(f"{len(foreign)} other file(s) here are not the cache's and are left alone: {names}")
 
 
@@ -94,52 +91,49 @@ def _report_failures(failed: list[tuple[str, str]], directory: Path, again: str)
                          f"above), then run `{again}` again\n")
 
 
-def _verify(disk: cache_mod.DiskCache, fix: bool, archs: list[str] | None) -> int:
-    try:
-        disk.listing()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:  # entries() would show none, as if all were well
-        sys.stderr.write(f"error: cannot list {disk.directory} ({exc.strerror or exc}); make sure you own it "
-                         "and may read it\n")
+def _verify(disk: cubin_cache.DiskCache, fix: bool, archs: list[str] | None) -> int:
+    scan = disk.scan()
+    if scan.error is not None and not isinstance(scan.error, FileNotFoundError):  # not "all well"
+        sys.stderr.write(f"error: cannot list {disk.directory} ({scan.error.strerror or scan.error}); make sure "
+                         "you own it and may read it\n")
         return 1
-    entries = disk.entries()
+    images = scan.images
     key_for = current_keys()
-    bad = [e for e in entries if not e.valid]
-    stale = [e for e in entries if e.valid and _in_use(e, key_for) == "stale"]
-    for e in bad:
-        print(f"BAD {e.path.name}: {e.problem}")
-    for e in stale:
-        print(f"STALE {e.path.name}: intact, but made by another nvrtc_gather or NVRTC version; this install "
+    bad = [i for i in images if not i.valid]
+    stale = [i for i in images if i.valid and _in_use(i, key_for) == "stale"]
+    for i in bad:
+        print(f"BAD {i.path.name}: {i.problem}")
+    for i in stale:
+        print(f"STALE {i.path.name}: intact, but made by another nvrtc_gather or NVRTC version; this install "
               "never loads it")
     failed: list[tuple[str, str]] = []
     if fix and bad:
-        removal = disk.remove_entries(e.path.name for e in bad)
+        removal = disk.remove_images(i.path.name for i in bad)
         failed = removal.failed
         gone = set(removal.removed)
-        print(f"deleted {sum(e.path.name in gone for e in bad)} of {len(bad)} bad entries "
-              f"(and {sum(n.endswith(cache_mod.LOCK_SUFFIX) for n in gone)} lock file(s))")
+        print(f"deleted {sum(i.path.name in gone for i in bad)} of {len(bad)} bad image file(s) "
+              f"(and {sum(n.endswith(cubin_cache.LOCK_SUFFIX) for n in gone)} lock file(s))")
     problem = disk.directory_problem()
-    if problem == cache_mod.MISSING:
+    if problem == cubin_cache.MISSING:
         problem = None
-    print(f"{len(entries) - len(bad)} of {len(entries)} entries intact in {disk.directory}"
+    print(f"{len(images) - len(bad)} of {len(images)} image files intact in {disk.directory}"
           + (f" ({len(stale)} of them stale: `nvrtc-gather cache clear`, then warm again)" if stale else "")
           + ("" if key_for is not None else " (NVRTC is missing, so which are current is unknown)"))
-    _print_foreign(disk)
+    _print_foreign(scan.foreign)
     if problem:
         print(f"the directory would not be used: {problem}")
     if bad and not fix:
-        print("run `nvrtc-gather cache verify --fix` to delete the bad entries (they are also replaced at next use)")
+        print("run `nvrtc-gather cache verify --fix` to delete the bad files (they are also replaced at next use)")
     _report_failures(failed, disk.directory, "nvrtc-gather cache verify --fix")
     serves = _check_serves(disk, archs, problem) if archs else True
     return 1 if (bad and not fix) or failed or problem or not serves else 0
 
 
-def _check_serves(disk: cache_mod.DiskCache, archs: list[str], problem: str | None) -> bool:
+def _check_serves(disk: cubin_cache.DiskCache, archs: list[str], problem: str | None) -> bool:
     """Whether a process of this install, on a GPU of each arch, finds every kernel the ops
     can load in this cache (so it compiles nothing): each arch is mapped as warmup maps it."""
     from ..errors import MissingDependencyError
-    from ..jit import build, catalogue
+    from ..jit import build, spec
     from .warmup import parse_arch
 
     try:
@@ -150,14 +144,13 @@ def _check_serves(disk: cache_mod.DiskCache, archs: list[str], problem: str | No
     ok = problem is None
     for t in targets:
         missing = []
-        for m in catalogue.ALL_MODULES:
-            path = disk.path_for(build.entry_name(m, t), build.cache_key(m, t))
-            blob, why = cache_mod.read_entry_file(path)
-            why = why or cache_mod.entry_problem(build.cache_key(m, t), blob)
-            if why:
+        modules = spec.registered()
+        for m in modules:
+            key = build.cache_key(m, t)
+            blob, why = cubin_cache.read_image_file(disk.path_for(build.cache_name(m, t), key))
+            if why or cubin_cache.image_file_problem(key, blob):
                 missing.append(m.name)
-        have = len(catalogue.ALL_MODULES) - len(missing)
-        print(f"{t.arch}: {have} of {len(catalogue.ALL_MODULES)} kernel modules present and current"
+        print(f"{t.arch}: {len(modules) - len(missing)} of {len(modules)} kernel modules present and current"
               + (f"; missing: {', '.join(missing)}" if missing else ""))
         ok &= not missing
     if ok:
@@ -170,17 +163,17 @@ def _check_serves(disk: cache_mod.DiskCache, archs: list[str], problem: str | No
     return ok
 
 
-def _clear(disk: cache_mod.DiskCache) -> int:
+def _clear(disk: cubin_cache.DiskCache) -> int:
     removal = disk.clear()
     print(f"removed {len(removal.removed)} file(s) from {disk.directory}")
-    _print_foreign(disk)
+    _print_foreign(disk.scan(verify=False).foreign)
     _report_failures(removal.failed, disk.directory, "nvrtc-gather cache clear")
     return 1 if removal.failed else 0
 
 
-def _dir_note(disk: cache_mod.DiskCache) -> str:
+def _dir_note(disk: cubin_cache.DiskCache) -> str:
     problem = disk.directory_problem()
-    if problem == cache_mod.MISSING:
+    if problem == cubin_cache.MISSING:
         note = " (does not exist yet)"
     else:
         note = f" (not used: {problem})" if problem else ""
@@ -193,20 +186,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="nvrtc-gather cache", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,verify,clear}")
     parsers = {
-        "list": sub.add_parser("list", help="list entries"),
-        "verify": sub.add_parser("verify", help="re-check every entry; exit 1 if any is bad"),
-        "clear": sub.add_parser("clear", help="remove entries, locks and temp files"),
+        "list": sub.add_parser("list", help="list image files"),
+        "verify": sub.add_parser("verify", help="re-check every image file; exit 1 if any is bad"),
+        "clear": sub.add_parser("clear", help="remove image files, locks and temp files"),
     }
     for sp in parsers.values():
         sp.add_argument("--cache-dir", type=Path,
                         help=f"cache directory (default: ${settings.CACHE_DIR_ENV} or the per-user cache)")
-    parsers["verify"].add_argument("--fix", action="store_true", help="delete bad entries (and their lock files)")
+    parsers["verify"].add_argument("--fix", action="store_true", help="delete bad image files (and their lock files)")
     parsers["verify"].add_argument(
         "--arch", nargs="+", metavar="ARCH",
         help="also exit 1 unless every kernel the ops can load on a GPU of each ARCH (sm_90, 9.0, ...) is present "
              "and current, i.e. unless a serving process there compiles nothing")
     args = p.parse_args(argv)
-    disk = cache_mod.DiskCache(settings.cache_dir(args.cache_dir))
+    disk = cubin_cache.DiskCache(settings.cache_dir(args.cache_dir))
     if args.action == "list":
         return _list(disk)
     if args.action == "verify":

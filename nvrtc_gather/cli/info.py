@@ -93,7 +93,7 @@ def _torch(lines):
 
 
 def _cache(lines):
-    from ..jit.cubin_cache import MISSING, SUFFIX, DiskCache
+    from ..jit.cubin_cache import MISSING, DiskCache
 
     try:
         d = settings.cache_dir()
@@ -113,13 +113,10 @@ def _cache(lines):
     source = f"from ${settings.CACHE_DIR_ENV}" if os.environ.get(settings.CACHE_DIR_ENV) else "default"
     lines.append(("cache dir", f"{d} ({source})"))
     lines.append(("cache", f"{enabled}, {state}"))
-    try:
-        sizes = [e.stat(follow_symlinks=False).st_size for e in os.scandir(d)
-                 if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
-        lines.append(("cache entries", f"{len(sizes)}, {human_size(sum(sizes))} "
-                                       "(check them: nvrtc-gather cache verify --arch ARCH)"))
-    except OSError:
-        pass
+    scan = DiskCache(d).scan(verify=False)
+    if scan.error is None:
+        lines.append(("cache files", f"{len(scan.images)} image(s), {human_size(sum(i.size for i in scan.images))} "
+                                     "(check them: nvrtc-gather cache verify --arch ARCH)"))
 
 
 def _bindings_vs_nvrtc(notes) -> None:

@@ -6,13 +6,13 @@ cache, with no GPU needed, so that no process of a fleet compiles at first use.
     nvrtc-gather warmup                # the archs of the GPUs present
 
 Guarantees:
-- every entry goes through ``build.build_image`` (the one compile and cache path), so
+- every image goes through ``build.build_image`` (the one compile and cache path), so
   it lands under exactly the key a later process looks up;
 - an arch given as a GPU (sm_90, 90, 9.0, sm_90a) is warmed as ``compiler.pick_target`` maps
   it, i.e. what such a GPU will actually load (sm_90a -> sm_90; a GPU newer than NVRTC gets
   PTX), and the output says so for each arch it maps;
-- an entry is reported ``compiled`` or ``cached`` only after it was read back from the
-  cache directory and verified; the exit status is 0 only if every entry is there
+- an image is reported ``compiled`` or ``cached`` only after it was read back from the
+  cache directory and verified; the exit status is 0 only if every image is there
   (1: some failed, 2: bad arguments or no arch to warm).
 Builds run on threads: NVRTC releases the GIL (measured: 13 archs, 2 threads on 2 cores,
 1.8x faster than serial, the same as 2 processes), and threads need no start-up."""
@@ -29,8 +29,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import MissingDependencyError
-from ..jit import build, catalogue, compiler
-from ..jit import cubin_cache as cache_mod
+from ..jit import build, compiler, cubin_cache, spec
 from .text import Progress, collected_warnings, human_size, table
 
 _ARCH = re.compile(r"^(?:(sm|compute)_?(\d{2,3})([af]?)|(\d{1,2})\.(\d)([af]?)|(\d{2,3})([af]?))$")
@@ -79,12 +78,12 @@ class Row:
     error: str = ""
 
 
-def warm_one(module: catalogue.KernelModule, target: compiler.Target, disk: cache_mod.DiskCache) -> Row:
-    """Build one entry through build_image and check it can be read back. Never raises."""
+def warm_one(module: spec.KernelModule, target: compiler.Target, disk: cubin_cache.DiskCache) -> Row:
+    """Build one image through build_image and check it can be read back. Never raises."""
     t0 = time.perf_counter()
     try:
         built = build.build_image(module, target, disk=disk, compile_ok=True)  # warming is compiling
-        if disk.get(build.entry_name(module, target), built.key) is None:
+        if disk.get(build.cache_name(module, target), built.key) is None:
             raise OSError(f"compiled, but not stored in {disk.directory} ({disk.problem or 'write failed'})")
         status, size, error = ("cached" if built.from_cache else "compiled"), len(built.image), ""
     except Exception as exc:  # CompileError, MissingDependencyError, OSError: report, keep going
@@ -92,11 +91,11 @@ def warm_one(module: catalogue.KernelModule, target: compiler.Target, disk: cach
     return Row(target.arch, module.name, size, status, time.perf_counter() - t0, error)
 
 
-def warm(targets, disk: cache_mod.DiskCache, modules=None, jobs: int | None = None,
+def warm(targets, disk: cubin_cache.DiskCache, modules=None, jobs: int | None = None,
          progress: Progress | None = None) -> list[Row]:
-    """Every module of ``modules`` (default catalogue.ALL_MODULES) for every target, in
+    """Every module of ``modules`` (default: every registered one) for every target, in
     parallel; rows in (target, module) order."""
-    tasks = [(m, t) for t in targets for m in (modules if modules is not None else catalogue.ALL_MODULES)]
+    tasks = [(m, t) for t in targets for m in (modules if modules is not None else spec.registered())]
     jobs = max(1, min(len(tasks), jobs or os.cpu_count() or 1))
     rows: dict[int, Row] = {}
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="nvrtc-gather-warmup") as pool:
@@ -185,13 +184,13 @@ def main(argv=None) -> int:
     if targets is None:
         return 2
 
-    disk = cache_mod.DiskCache(directory)
+    disk = cubin_cache.DiskCache(directory)
     with collected_warnings() as caught:  # the cache's warnings, printed plainly below
         if not disk.usable():
             sys.stderr.write(f"error: cannot use the cache directory {directory}: {disk.problem}\n")
             return 1
-        modules = catalogue.ALL_MODULES
-        out.write(f"warming {len(targets) * len(modules)} entries ({len(modules)} module(s) x "
+        modules = spec.registered()
+        out.write(f"warming {len(targets) * len(modules)} images ({len(modules)} module(s) x "
                   f"{len(targets)} arch(s)) in {directory}\n")
         out.flush()
         t0 = time.perf_counter()
@@ -205,7 +204,7 @@ def main(argv=None) -> int:
           [(r.arch, r.module, human_size(r.size) if r.size else "-", r.status, f"{r.seconds:.2f} s") for r in rows], out)
     failed = [r for r in rows if r.status == "FAILED"]
     n_compiled = sum(r.status == "compiled" for r in rows)
-    out.write(f"{len(rows)} entries: {n_compiled} compiled, {len(rows) - n_compiled - len(failed)} already cached, "
+    out.write(f"{len(rows)} images: {n_compiled} compiled, {len(rows) - n_compiled - len(failed)} already cached, "
               f"{len(failed)} failed, in {wall:.1f} s\n")
     out.flush()  # the table first, then warnings and errors on stderr
     for w in dict.fromkeys(caught):

@@ -1,11 +1,12 @@
-"""From a KernelModule to GPU code for one target: the cache key, then a verified entry of
-the cubin cache or a fresh NVRTC compile that is published there. Needs no GPU: the
-warmup tool and the runtime (runtime.py, which loads what this builds) both come here.
+"""From a KernelModule to GPU code: the cache key, then a verified file of the cubin cache or a
+fresh NVRTC compile that is published there. Needs no GPU: the warmup tool and the runtime
+(runtime.py, which loads what this builds) both come here.
 
-- ``build_image(module, target)``: the image, from the cache or NVRTC;
-- ``image_for_gpu(module, capability)``: the target a GPU loads, with its image when the
-  cache holds the exact cubin (without loading NVRTC);
-- ``rebuild(module, target, built)``: replace a cached image that the driver refused.
+- ``build_image(module, target)``: the image for one target, from the cache or NVRTC;
+- ``image_for(module, capability, load)``: the one way a GPU gets its image: the target it
+  loads (the cached cubin of its exact sm_XY without loading NVRTC, else compiler.pick_target's
+  choice), built or read, handed to ``load``; a cached image the driver refuses is discarded,
+  compiled afresh, published and loaded once more.
 """
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from .. import settings
 from .._version import __version__
-from ..errors import CacheLocationError, JitDisabledError
-from . import compiler, sources
-from . import cubin_cache as cache_mod
-from .catalogue import KernelModule
+from ..errors import CacheLocationError, CudaError, JitDisabledError
+from . import compiler, cubin_cache, sources
+from .spec import KernelModule
 
 log = logging.getLogger(__name__)
+Loaded = TypeVar("Loaded")
 
 # Counters for tests and the CLI: how often NVRTC ran, the disk served, the driver loaded.
 stats = {"compiles": 0, "disk_hits": 0, "loads": 0}
@@ -33,11 +35,10 @@ def count(what: str) -> None:
         stats[what] += 1
 
 
-
 def cache_key(module: KernelModule, target: compiler.Target) -> str:
     """Everything that shapes the GPU code, and nothing that depends on where we are installed."""
     fields: list[tuple[str, str | bytes]] = [
-        ("schema", str(cache_mod.SCHEMA)),
+        ("schema", str(cubin_cache.SCHEMA)),
         ("package", __version__),
         ("module", module.name),
         ("source_name", compiler.nvrtc_source_name(module.source)),  # the path -lineinfo records
@@ -51,10 +52,11 @@ def cache_key(module: KernelModule, target: compiler.Target) -> str:
         ("nvrtc", compiler.compiler_identity()),
         ("kernels", ",".join(module.kernels)),
     ]
-    return cache_mod.make_key(fields)
+    return cubin_cache.make_key(fields)
 
 
-def entry_name(module: KernelModule, target: compiler.Target) -> str:
+def cache_name(module: KernelModule, target: compiler.Target) -> str:
+    """The name of the module's cache file for ``target``, without its key."""
     return f"{module.name}-{target.arch}"
 
 
@@ -65,18 +67,18 @@ class BuildResult:
     from_cache: bool
 
 
-def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None = None,
+def build_image(module: KernelModule, target: compiler.Target, disk: cubin_cache.DiskCache | None = None,
                 use_default_cache: bool = True, compile_ok: bool | None = None) -> BuildResult:
-    """GPU code for ``module`` on ``target``: a verified disk entry, or a fresh compile that
+    """GPU code for ``module`` on ``target``: a verified cache file, or a fresh compile that
     is then published. Raises CompileError / MissingDependencyError; never returns a bad image.
-    A bad, foreign or unreadable entry is a miss; an unusable disk means compile-only (the
-    cache warns once). Thread- and process-safe; the per-entry lock only saves compiles.
+    A bad, foreign or unreadable file is a miss; an unusable disk means compile-only (the
+    cache warns once). Thread- and process-safe; the per-file lock only saves compiles.
     ``compile_ok`` (default: unless NVRTC_GATHER_DISABLE_JIT is set) False makes a miss raise
     JitDisabledError instead of compiling."""
     key = cache_key(module, target)
     if disk is None and use_default_cache:
-        disk = cache_mod.current()
-    name = entry_name(module, target)
+        disk = cubin_cache.current()
+    name = cache_name(module, target)
     if disk is not None:
         image = _from_disk(disk, name, key)
         if image is not None:
@@ -91,7 +93,39 @@ def build_image(module: KernelModule, target: compiler.Target, disk: cache_mod.D
     return BuildResult(_compile(module, target, None, compile_ok), key, False)
 
 
-def _from_disk(disk: cache_mod.DiskCache, name: str, key: str) -> bytes | None:
+def image_for(module: KernelModule, capability: int, load: Callable[[bytes], Loaded]) -> Loaded:
+    """``load(image)`` of the image a GPU of compute capability ``capability`` runs, and its
+    result. ``load`` raises CudaError when the driver refuses the image. The cached cubin for
+    the GPU's exact sm_XY is taken as it is, read once, without loading NVRTC to ask which
+    archs it supports (~50 ms of a warm first call); otherwise compiler.pick_target chooses.
+    A cached image the driver refuses is replaced by a fresh compile, once; a fresh compile it
+    refuses raises."""
+    disk = cubin_cache.current()
+    target, built = compiler.Target(f"sm_{capability}"), None
+    if disk is not None:
+        key = cache_key(module, target)
+        image = _from_disk(disk, cache_name(module, target), key)
+        if image is not None:
+            built = BuildResult(image, key, True)
+    if built is None:
+        target = compiler.pick_target(capability)
+        built = build_image(module, target, disk=disk, use_default_cache=False)
+    try:
+        return load(built.image)
+    except CudaError as exc:
+        if not built.from_cache:
+            raise
+        log.warning("nvrtc_gather: the driver refused the cached %s image (%s); compiling it afresh",
+                    cache_name(module, target), exc)
+    if disk is not None:
+        disk.discard(cache_name(module, target), built.key)
+    image = _compile(module, target, disk)
+    if disk is not None:
+        disk.put(cache_name(module, target), built.key, image)
+    return load(image)
+
+
+def _from_disk(disk: cubin_cache.DiskCache, name: str, key: str) -> bytes | None:
     image = disk.get(name, key)
     if image is not None:
         count("disk_hits")
@@ -99,7 +133,7 @@ def _from_disk(disk: cache_mod.DiskCache, name: str, key: str) -> bytes | None:
     return image
 
 
-def _compile(module: KernelModule, target: compiler.Target, disk: cache_mod.DiskCache | None,
+def _compile(module: KernelModule, target: compiler.Target, disk: cubin_cache.DiskCache | None,
              compile_ok: bool | None = None) -> bytes:
     if not (compile_ok if compile_ok is not None else not settings.jit_disabled()):
         if disk is None:
@@ -107,10 +141,10 @@ def _compile(module: KernelModule, target: compiler.Target, disk: cache_mod.Disk
                 f"{settings.DISABLE_JIT_ENV} is set and no disk cache is in use ({_no_cache_reason()}), so the "
                 f"{module.name} kernels for {target.arch} cannot be read from one; point {settings.CACHE_DIR_ENV} "
                 f"at a cache warmed with: nvrtc-gather warmup --arch {target.arch} --cache-dir DIR")
-        where = disk.directory
         raise JitDisabledError(
             f"{settings.DISABLE_JIT_ENV} is set and the {module.name} kernels for {target.arch} are not in the "
-            f"kernel cache at {where}; warm it first: nvrtc-gather warmup --arch {target.arch} --cache-dir {where}")
+            f"kernel cache at {disk.directory}; warm it first: nvrtc-gather warmup --arch {target.arch} "
+            f"--cache-dir {disk.directory}")
     count("compiles")
     t0 = time.perf_counter()
     image = compiler.compile_module(module, target).image
@@ -127,30 +161,3 @@ def _no_cache_reason() -> str:
     except CacheLocationError as exc:
         return str(exc)
     return "the disk cache was not used for this build"
-
-
-def image_for_gpu(module: KernelModule, capability: int) -> tuple[compiler.Target, BuildResult | None]:
-    """The target for a GPU, with its image when the disk cache holds a cubin for the GPU's
-    exact sm_XY: that is taken as it is, read once, without loading NVRTC to ask which
-    archs it supports (~50 ms of a warm first call). Otherwise compiler.pick_target's
-    target and no image yet."""
-    exact = compiler.Target(f"sm_{capability}")
-    disk = cache_mod.current()
-    if disk is not None:
-        key = cache_key(module, exact)
-        image = _from_disk(disk, entry_name(module, exact), key)
-        if image is not None:
-            return exact, BuildResult(image, key, True)
-    return compiler.pick_target(capability), None
-
-
-def rebuild(module: KernelModule, target: compiler.Target, built: BuildResult) -> bytes:
-    """A cached image the driver would not load: discard the entry, compile afresh, publish."""
-    disk = cache_mod.current()
-    name = entry_name(module, target)
-    if disk is not None:
-        disk.discard(name, built.key)
-    image = _compile(module, target, disk)
-    if disk is not None:
-        disk.put(name, built.key, image)
-    return image

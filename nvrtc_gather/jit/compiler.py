@@ -4,12 +4,13 @@ Everything that talks to NVRTC lives here; the rest of the package sees
 ``compile_module(module, target) -> CompiledCode`` and ``pick_target(cc)``."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import CompileError, MissingDependencyError
 from . import cuda_packages, sources
-from .catalogue import KernelModule
+from .spec import KernelModule
 
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
 
@@ -22,6 +23,7 @@ BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-lineinfo")
 # image a function of the cache key alone; NVRTC's messages say e.g.
 # /nvrtc_gather/cuda_src/gather_indexer_k.cu(26) for cuda_src/gather_indexer_k.cu.
 SOURCE_ROOT = "/nvrtc_gather/cuda_src"
+_log = logging.getLogger(__name__)
 
 
 def _install_hint() -> str:
@@ -129,7 +131,8 @@ def pick_target(capability: int, supported: tuple[int, ...] | None = None) -> Ta
 
 def module_options(module: KernelModule, target: Target) -> tuple[str, ...]:
     """The full option list: part of the cache key, so it must be deterministic."""
-    return BASE_OPTIONS + module.options + (f"--gpu-architecture={target.arch}",)
+    extra = tuple(o for o in module.options if not o.startswith("-D"))
+    return BASE_OPTIONS + module.defines + extra + (f"--gpu-architecture={target.arch}",)
 
 
 def nvrtc_source_name(name: str) -> str:
@@ -154,6 +157,8 @@ def compile_module(module: KernelModule, target: Target) -> CompiledCode:
         opts = [o.encode() for o in module_options(module, target)]
         (err,) = _call(nvrtc.nvrtcCompileProgram, prog, len(opts), opts)
         log = _program_log(nvrtc, prog)
+        if log:
+            _log.debug("NVRTC log for %s (%s):\n%s", module.name, target.arch, log)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"NVRTC could not compile {module.source} for {target.arch} ({err.name})", log)
         if target.is_ptx:

@@ -1,27 +1,29 @@
-"""The on-disk kernel cache: compiled GPU code only, keyed by everything that shapes it.
+"""The on-disk kernel cache: compiled GPU code only (one image file per module and arch),
+keyed by everything that shapes it. Vocabulary: an *image file* is what the cache stores; an
+*entry point* is a kernel inside an image (jit/spec.py).
 
 Guarantees (none depends on the lock):
-- an entry is published by write-to-temp + fsync + os.replace, so a reader sees a whole
-  old entry, a whole new one, or none; a process killed mid-write leaves only a temp
+- an image file is published by write-to-temp + fsync + os.replace, so a reader sees a whole
+  old file, a whole new one, or none; a process killed mid-write leaves only a temp
   file, which no reader ever opens and which a later ``put`` removes once it is stale;
 - every read is verified (regular file, not a symlink, owned by us, magic, schema, the
   key it was stored under, payload length, SHA-256 of the payload) and any failure is a
   miss: the caller recompiles and replaces;
 - only GPU code (cubin/PTX) is stored and read back, never host code;
-- an entry file over ``MAX_ENTRY_BYTES`` is refused from its fstat size, before any
-  read, and no read takes more than ``MAX_ENTRY_BYTES + 1`` bytes (a file that grows);
-- the directory is 0700 and entries 0600; a directory we do not own, or one that others
+- a file over ``MAX_IMAGE_BYTES`` is refused from its fstat size, before any
+  read, and no read takes more than ``MAX_IMAGE_BYTES + 1`` bytes (a file that grows);
+- the directory is 0700 and files 0600; a directory we do not own, or one that others
   may write to (without the sticky bit), is not used: kernels stay in memory, with one
   warning. So does a read-only or full disk. (A group-writable directory is used: an
-  entry someone else wrote is owned by them, and is refused.)
-- the cache owns only the names it writes (``name_kind``): entries
-  ``{module}-{arch}-{64 hex}.bin``, their locks ``<entry>.lock`` and publish temps
-  ``.<entry>.XXXXXXXX.tmp``. Nothing else in the directory (another program's files,
+  file someone else wrote is owned by them, and is refused.)
+- the cache owns only the names it writes (``name_kind``): image files
+  ``{module}-{arch}-{64 hex}.bin``, their locks ``<image>.lock`` and publish temps
+  ``.<image>.XXXXXXXX.tmp``. Nothing else in the directory (another program's files,
   subdirectories) is ever read, replaced or removed: ``clear`` / ``verify --fix`` list
   it as foreign and leave it alone.
-The lock (flock on ``<entry>.lock``) only stops concurrent processes compiling the same
-entry twice; a lock that cannot be taken in ``LOCK_TIMEOUT_S`` is skipped. Lock files stay
-beside their entries (removing one that another process waits on would break the mutual
+The lock (flock on ``<image>.lock``) only stops concurrent processes compiling the same
+image twice; a lock that cannot be taken in ``LOCK_TIMEOUT_S`` is skipped. Lock files stay
+beside their images (removing one that another process waits on would break the mutual
 exclusion), and go with them in ``clear`` and ``verify --fix``.
 """
 from __future__ import annotations
@@ -53,11 +55,10 @@ _HEADER = struct.Struct("<12sI32sQ32s")  # magic, schema, key digest, payload le
 SUFFIX = ".bin"
 LOCK_SUFFIX = ".lock"
 TMP_SUFFIX = ".tmp"
-# Largest file read as an entry. Real entries (measured with NVRTC 13.5, every supported sm_XY
-# and compute_90/compute_121): the ops' modules (kernels.ALL_MODULES) 0.53-1.25 MB at
-# sm_90/sm_100/sm_120; the largest of any module, a benchmark variant (quant_cache_u8,
-# sm_75), 3.5 MB. 16 MiB leaves 4-12x headroom and bounds what a bad file costs a lookup.
-MAX_ENTRY_BYTES = 16 << 20
+# Largest file read as an image file. The ops' modules (nvrtc_gather/kernels/) are 30-200 KB
+# per arch; a build holding every entry point of a source stays under a few MB. 16 MiB leaves
+# ample headroom and bounds what a bad file costs a lookup.
+MAX_IMAGE_BYTES = 16 << 20
 _READ_CHUNK = 1 << 20
 STALE_TMP_S = 15 * 60           # a temp file this old belongs to a writer that died (a write takes ms)
 LOCK_TIMEOUT_S = 60.0           # then compile anyway: a stuck holder must not hang everyone
@@ -74,17 +75,17 @@ def make_key(fields: Iterable[tuple[str, str | bytes]]) -> str:
     return h.hexdigest()
 
 
-def encode_entry(key: str, payload: bytes) -> bytes:
+def encode_image_file(key: str, payload: bytes) -> bytes:
     return _HEADER.pack(MAGIC, SCHEMA, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()) + payload
 
 
-def entry_problem(key: str, blob: bytes) -> str | None:
-    """Why ``blob`` is not a whole, intact entry stored under ``key`` (None if it is)."""
+def image_file_problem(key: str, blob: bytes) -> str | None:
+    """Why ``blob`` is not a whole, intact image file stored under ``key`` (None if it is)."""
     if len(blob) < _HEADER.size:
         return "empty" if not blob else "truncated header"
     magic, schema, digest, length, checksum = _HEADER.unpack_from(blob)
     if magic != MAGIC:
-        return "not an nvrtc_gather entry"
+        return "not an nvrtc_gather image file"
     if schema != SCHEMA:
         return f"schema {schema}, expected {SCHEMA}"
     try:
@@ -100,12 +101,12 @@ def entry_problem(key: str, blob: bytes) -> str | None:
     return None
 
 
-def decode_entry(key: str, blob: bytes) -> bytes | None:
-    """The payload if ``blob`` is a whole, intact entry stored under ``key``; else None."""
-    return None if entry_problem(key, blob) is not None else blob[_HEADER.size:]
+def decode_image_file(key: str, blob: bytes) -> bytes | None:
+    """The payload if ``blob`` is a whole, intact image file stored under ``key``; else None."""
+    return None if image_file_problem(key, blob) is not None else blob[_HEADER.size:]
 
 
-def parse_entry_name(filename: str) -> tuple[str, str, str] | None:
+def parse_image_name(filename: str) -> tuple[str, str, str] | None:
     """(module, arch, key) from ``{module}-{arch}-{key}.bin``; None for any other name."""
     if not filename.endswith(SUFFIX) or filename.startswith("."):
         return None
@@ -118,24 +119,24 @@ def parse_entry_name(filename: str) -> tuple[str, str, str] | None:
     return module, arch, key
 
 
-# _publish's temp names: mkstemp(prefix=".<entry>.", suffix=".tmp") adds 8 characters of
+# _publish's temp names: mkstemp(prefix=".<image>.", suffix=".tmp") adds 8 characters of
 # [a-z0-9_] (tempfile._RandomNameSequence).
-_TEMP_NAME = re.compile(r"\.(?P<entry>.+)\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX), re.ASCII)
+_TEMP_NAME = re.compile(r"\.(?P<image>.+)\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX), re.ASCII)
 
-ENTRY, LOCK, TEMP = "entry", "lock", "temp"
+IMAGE, LOCK, TEMP = "image", "lock", "temp"
 MISSING = "it does not exist"  # DiskCache.directory_problem() of a directory not made yet
 
 
 def name_kind(filename: str) -> str | None:
-    """ENTRY, LOCK or TEMP for the names this cache writes (an entry name as
-    ``parse_entry_name``, that + ``.lock``, ``.<entry name>.XXXXXXXX.tmp``); None for
+    """IMAGE, LOCK or TEMP for the names this cache writes (an image name as
+    ``parse_image_name``, that + ``.lock``, ``.<image name>.XXXXXXXX.tmp``); None for
     any other name, which the cache never touches."""
-    if parse_entry_name(filename) is not None:
-        return ENTRY
-    if filename.endswith(LOCK_SUFFIX) and parse_entry_name(filename[: -len(LOCK_SUFFIX)]) is not None:
+    if parse_image_name(filename) is not None:
+        return IMAGE
+    if filename.endswith(LOCK_SUFFIX) and parse_image_name(filename[: -len(LOCK_SUFFIX)]) is not None:
         return LOCK
     m = _TEMP_NAME.fullmatch(filename)
-    if m is not None and parse_entry_name(m.group("entry")) is not None:
+    if m is not None and parse_image_name(m.group("image")) is not None:
         return TEMP
     return None
 
@@ -144,11 +145,11 @@ def _is_temp_name(filename: str) -> bool:
     return name_kind(filename) == TEMP
 
 
-def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
+def read_image_file(path: Path) -> tuple[bytes | None, str | None]:
     """(bytes, None), or (None, why not). Never raises. Does not follow a symlink, opens a
     FIFO without blocking, refuses anything but a regular file of ours of at most
-    ``MAX_ENTRY_BYTES`` (judged by fstat before reading, and again while reading in
-    bounded chunks, never more than ``MAX_ENTRY_BYTES + 1`` bytes, if it grows)."""
+    ``MAX_IMAGE_BYTES`` (judged by fstat before reading, and again while reading in
+    bounded chunks, never more than ``MAX_IMAGE_BYTES + 1`` bytes, if it grows)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -161,15 +162,15 @@ def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
             return None, "not a regular file"
         if st.st_uid != os.geteuid():
             return None, f"owned by uid {st.st_uid}, not by this user"
-        if st.st_size > MAX_ENTRY_BYTES:
+        if st.st_size > MAX_IMAGE_BYTES:
             return None, _too_large(st.st_size)
         buf = bytearray()
-        while len(buf) <= MAX_ENTRY_BYTES:  # read to EOF: the size may change under us, the checksum decides
-            chunk = os.read(fd, min(MAX_ENTRY_BYTES + 1 - len(buf), _READ_CHUNK))
+        while len(buf) <= MAX_IMAGE_BYTES:  # read to EOF: the size may change under us, the checksum decides
+            chunk = os.read(fd, min(MAX_IMAGE_BYTES + 1 - len(buf), _READ_CHUNK))
             if not chunk:
                 break
             buf += chunk
-        if len(buf) > MAX_ENTRY_BYTES:
+        if len(buf) > MAX_IMAGE_BYTES:
             return None, _too_large(None)
         return bytes(buf), None
     except OSError as exc:
@@ -180,19 +181,19 @@ def read_entry_file(path: Path) -> tuple[bytes | None, str | None]:
 
 def _too_large(size: int | None) -> str:
     what = f"{size} bytes" if size is not None else "it grew while being read"
-    return f"too large ({what}; an entry is at most {MAX_ENTRY_BYTES} bytes)"
+    return f"too large ({what}; an image file is at most {MAX_IMAGE_BYTES} bytes)"
 
 
 @dataclass(frozen=True)
-class EntryInfo:
-    """One file named like an entry, as ``cache list`` / ``verify`` show it."""
+class ImageFile:
+    """One file named like an image file, as ``cache list`` / ``verify`` show it."""
 
     path: Path
     size: int
     module: str
     arch: str
     key: str
-    problem: str | None    # None when the entry is intact
+    problem: str | None    # None when the file is intact
 
     @property
     def valid(self) -> bool:
@@ -200,23 +201,24 @@ class EntryInfo:
 
 
 @dataclass(frozen=True)
-class Listing:
-    """The cache directory's names by kind (each sorted): what the cache wrote, and the rest."""
+class Scan:
+    """One look at the cache directory (``DiskCache.scan``): its names by kind, each sorted."""
 
-    entries: list[str]
+    images: list[ImageFile]  # every file named like an image file, verified when asked
     locks: list[str]
-    temps: list[str]
-    foreign: list[str]     # not the cache's names, or a subdirectory: never touched
+    temps: list[str]          # a write in progress, or a writer that died
+    foreign: list[str]        # not the cache's names, or a subdirectory: never touched
+    error: OSError | None = None  # the directory could not be listed (FileNotFoundError: missing)
 
     @property
     def orphan_locks(self) -> list[str]:
-        have = set(self.entries)
+        have = {i.path.name for i in self.images}
         return [n for n in self.locks if n[: -len(LOCK_SUFFIX)] not in have]
 
 
 @dataclass(frozen=True)
 class Removal:
-    """What ``clear`` / ``remove_entries`` did: names removed, (name, reason) not removed."""
+    """What ``clear`` / ``remove_images`` did: names removed, (name, reason) not removed."""
 
     removed: list[str]
     failed: list[tuple[str, str]]
@@ -224,7 +226,7 @@ class Removal:
 
 class DiskCache:
     """Compiled kernels under one directory. ``get`` never raises for a bad or unreadable
-    entry (it returns None); ``put`` never raises for an unwritable directory (it warns
+    file (it returns None); ``put`` never raises for an unwritable directory (it warns
     once and returns False). Safe for many threads and processes at once."""
 
     def __init__(self, directory: Path):
@@ -282,8 +284,8 @@ class DiskCache:
         """The verified payload, or None (missing, damaged, foreign, unreadable). Never raises."""
         if not self.usable():
             return None
-        blob, _ = read_entry_file(self.path_for(name, key))
-        return None if blob is None else decode_entry(key, blob)
+        blob, _ = read_image_file(self.path_for(name, key))
+        return None if blob is None else decode_image_file(key, blob)
 
     def put(self, name: str, key: str, payload: bytes) -> bool:
         """Publish atomically. False (after one warning) when the disk refuses."""
@@ -292,7 +294,7 @@ class DiskCache:
         self._sweep_stale_temps()
         for attempt in (1, 2):
             try:
-                self._publish(self.path_for(name, key), encode_entry(key, payload))
+                self._publish(self.path_for(name, key), encode_image_file(key, payload))
                 return True
             except FileNotFoundError:  # directory removed under us (or our temp swept): recreate, retry once
                 self._usable = None
@@ -340,7 +342,7 @@ class DiskCache:
             pass
 
     def discard(self, name: str, key: str) -> None:
-        """Remove an entry that decoded but would not load (so the next put replaces it)."""
+        """Remove an image file that decoded but would not load (so the next put replaces it)."""
         try:
             self.path_for(name, key).unlink()
         except OSError:
@@ -348,7 +350,7 @@ class DiskCache:
 
     @contextmanager
     def lock(self, name: str, key: str, timeout: float | None = None) -> Iterator[bool]:
-        """Advisory cross-process lock for one entry; yields whether it was taken. Skipped
+        """Advisory cross-process lock for one image file; yields whether it was taken. Skipped
         (yields False) if the lock file cannot be opened or is held past ``timeout``."""
         timeout = LOCK_TIMEOUT_S if timeout is None else timeout
         fd = None
@@ -371,56 +373,39 @@ class DiskCache:
                 os.close(fd)
 
     # -- maintenance (CLI) ---------------------------------------------------------
-    def listing(self) -> Listing:
-        """Sort the directory's names into entries, locks, temps and foreign names (a
-        subdirectory is foreign whatever its name: the cache never makes one). Raises
-        OSError when the directory cannot be read (FileNotFoundError when missing)."""
-        kinds: dict[str | None, list[str]] = {ENTRY: [], LOCK: [], TEMP: [], None: []}
-        with os.scandir(self.directory) as it:
-            for e in it:
-                kind = name_kind(e.name)
-                try:
-                    if kind is not None and e.is_dir(follow_symlinks=False):
-                        kind = None
-                except OSError:
-                    pass
-                kinds[kind].append(e.name)
-        return Listing(*(sorted(kinds[k]) for k in (ENTRY, LOCK, TEMP, None)))
-
-    def _listing_or_empty(self) -> Listing:
+    def scan(self, verify: bool = True) -> Scan:
+        """Sort the directory's names into image files, locks, temps and foreign names (a
+        subdirectory is foreign whatever its name: the cache never makes one), reading and
+        verifying each image file against the key in its name unless ``verify`` is False.
+        Never raises and creates nothing: a directory that cannot be listed gives an empty
+        scan with its ``error``."""
+        kinds: dict[str | None, list[str]] = {IMAGE: [], LOCK: [], TEMP: [], None: []}
         try:
-            return self.listing()
+            with os.scandir(self.directory) as it:
+                for e in it:
+                    kind = name_kind(e.name)
+                    try:
+                        if kind is not None and e.is_dir(follow_symlinks=False):
+                            kind = None
+                    except OSError:
+                        pass
+                    kinds[kind].append(e.name)
+        except OSError as exc:
+            return Scan([], [], [], [], exc)
+        images = [self._image_file(name, verify) for name in sorted(kinds[IMAGE])]
+        return Scan(images, sorted(kinds[LOCK]), sorted(kinds[TEMP]), sorted(kinds[None]))
+
+    def _image_file(self, fname: str, verify: bool) -> ImageFile:
+        path = self.directory / fname
+        module, arch, key = parse_image_name(fname)
+        blob, problem = read_image_file(path) if verify else (None, None)
+        if verify and problem is None:
+            problem = image_file_problem(key, blob)
+        try:
+            size = len(blob) if blob is not None else os.lstat(path).st_size
         except OSError:
-            return Listing([], [], [], [])
-
-    def entries(self) -> list[EntryInfo]:
-        """Every file named like an entry, each fully verified against the key in its
-        name (other files are ``foreign()``). Never raises; creates nothing."""
-        out = []
-        for fname in self._listing_or_empty().entries:
-            path = self.directory / fname
-            module, arch, key = parse_entry_name(fname)
-            blob, problem = read_entry_file(path)
-            if problem is None:
-                problem = entry_problem(key, blob)
-            try:
-                size = len(blob) if blob is not None else os.lstat(path).st_size
-            except OSError:
-                size = 0
-            out.append(EntryInfo(path, size, module, arch, key, problem))
-        return out
-
-    def temp_files(self) -> list[Path]:
-        """Leftover temp files (a writer still writing, or one that died)."""
-        return [self.directory / n for n in self._listing_or_empty().temps]
-
-    def foreign(self) -> list[Path]:
-        """What else is in the directory (not the cache's names): never read or removed."""
-        return [self.directory / n for n in self._listing_or_empty().foreign]
-
-    def orphan_locks(self) -> list[Path]:
-        """Lock files whose entry is gone (harmless; ``clear`` removes them)."""
-        return [self.directory / n for n in self._listing_or_empty().orphan_locks]
+            size = 0
+        return ImageFile(path, size, module, arch, key, problem)
 
     def _unlink_all(self, names: Iterable[str]) -> Removal:
         removed, failed = [], []
@@ -434,26 +419,25 @@ class DiskCache:
                 failed.append((fname, exc.strerror or str(exc)))
         return Removal(removed, failed)
 
-    def remove_entries(self, names: Iterable[str]) -> Removal:
-        """Remove these entries (file names) and their lock files; nothing else."""
+    def remove_images(self, names: Iterable[str]) -> Removal:
+        """Remove these image files (by name) and their lock files; nothing else."""
         doomed = []
         for fname in names:
-            if name_kind(fname) != ENTRY:
-                raise ValueError(f"not a cache entry name: {fname!r}")
+            if name_kind(fname) != IMAGE:
+                raise ValueError(f"not an image file name of the cache: {fname!r}")
             doomed += [fname, fname + LOCK_SUFFIX]
-        return self._unlink_all(doomed)  # a missing lock file is no failure: not every entry has one
+        return self._unlink_all(doomed)  # a missing lock file is no failure: not every image has one
 
     def clear(self) -> Removal:
-        """Remove every entry, lock file (orphans too) and temp file; nothing else (foreign
+        """Remove every image file, lock file (orphans too) and temp file; nothing else (foreign
         names and subdirectories stay, so does the directory). A missing directory is
         nothing to remove; one that cannot be listed is one failure, named ``.``."""
-        try:
-            ls = self.listing()
-        except FileNotFoundError:
+        scan = self.scan(verify=False)
+        if isinstance(scan.error, FileNotFoundError):
             return Removal([], [])
-        except OSError as exc:
-            return Removal([], [(".", exc.strerror or str(exc))])
-        return self._unlink_all(ls.entries + ls.locks + ls.temps)
+        if scan.error is not None:
+            return Removal([], [(".", scan.error.strerror or str(scan.error))])
+        return self._unlink_all([i.path.name for i in scan.images] + scan.locks + scan.temps)
 
 
 def _flock_with_timeout(fd: int, timeout: float) -> bool:

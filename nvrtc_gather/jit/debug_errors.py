@@ -1,20 +1,26 @@
 """Debug mode (NVRTC_GATHER_DEBUG=1): kernels record the first bad index they meet in a
 small device buffer, and the op raises ValueError describing it. This costs a device
-sync per call, so it is for debugging, not serving. Codes match cuda_src/common.cuh;
-runtime.LoadedModule.launch passes the buffer and calls raise_if_set."""
+sync per call, so it is for debugging, not serving. runtime.LoadedModule.launch passes the
+buffer and calls raise_if_set.
+
+ERRORS is the host's side of the NG_ERR_* codes of cuda_src/common.cuh, by name;
+tests/jit/test_spec.py checks that the two tables hold the same names and codes."""
 from __future__ import annotations
 
 import torch
 
-_MESSAGES = {
-    1: "cu_seq_lens: row {a} lies below cu_seq_lens[-1] but belongs to no request (near request {b})",
-    2: "block_table: row {a} (request {b}) needs block_table column {c}, past its max_blocks columns",
-    3: "block_table: row {a} (request {b}) maps to physical block {c}, outside [0, num_blocks)",
-    4: "cu_seq_lens: cu_seq_lens[0] must be 0, got {a}",
-    5: "cu_seq_lens: must be non-decreasing, but entry {a} = {b} > entry {a}+1 = {c}",
-    6: "cu_seq_lens: cu_seq_lens[-1] = {a} exceeds the {b} rows of the destination",
-    7: "slot_mapping: entry {a} = {b} is past the cache's last slot ({c} slots)",
+ERRORS = {  # name -> (code, message with the kernel's details a, b, c)
+    "NG_ERR_ROW_UNOWNED": (1, "cu_seq_lens: row {a} lies below cu_seq_lens[-1] but belongs to no request "
+                              "(near request {b})"),
+    "NG_ERR_BLOCK_INDEX": (2, "block_table: row {a} (request {b}) needs block_table column {c}, past its "
+                              "max_blocks columns"),
+    "NG_ERR_BLOCK_ID": (3, "block_table: row {a} (request {b}) maps to physical block {c}, outside [0, num_blocks)"),
+    "NG_ERR_CU_START": (4, "cu_seq_lens: cu_seq_lens[0] must be 0, got {a}"),
+    "NG_ERR_CU_DECREASING": (5, "cu_seq_lens: must be non-decreasing, but entry {a} = {b} > entry {a}+1 = {c}"),
+    "NG_ERR_CU_TOTAL": (6, "cu_seq_lens: cu_seq_lens[-1] = {a} exceeds the {b} rows of the destination"),
+    "NG_ERR_SLOT": (7, "slot_mapping: entry {a} = {b} is past the cache's last slot ({c} slots)"),
 }
+_MESSAGES = {code: message for code, message in ERRORS.values()}
 
 
 def raise_if_set(err: torch.Tensor, op: str) -> None:

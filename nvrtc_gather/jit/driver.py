@@ -2,8 +2,8 @@
 
 Slow-path calls (init, device queries, loading code) go through cuda.bindings. The
 per-call hot path (context check, launch) goes through raw driver entry points taken
-once from cuGetProcAddress and called with ctypes: that is what keeps one op call
-within a few microseconds of Python time (see benchmarks/NOTES.md)."""
+once from cuGetProcAddress and called with ctypes, the cheapest launch path from Python
+(cuLaunchKernelEx: 4 arguments, the configuration prepared once per thread)."""
 from __future__ import annotations
 
 import ctypes
@@ -189,14 +189,13 @@ class _Raw:
         init()
         drv = _bindings()
         flags = drv.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
-        vp, u32 = ctypes.c_void_p, ctypes.c_uint
+        vp = ctypes.c_void_p
 
         def resolve(symbol: str, restype, *argtypes):
             pfn, _status = check(drv.cuGetProcAddress(symbol.encode(), 12000, flags), f"cuGetProcAddress({symbol})")
             return ctypes.CFUNCTYPE(restype, *argtypes)(int(pfn))
 
         i = ctypes.c_int
-        self.launch = resolve("cuLaunchKernel", i, vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp)
         self.ctx_get_current = resolve("cuCtxGetCurrent", i, ctypes.POINTER(vp))
         self.ctx_push = resolve("cuCtxPushCurrent", i, vp)
         self.ctx_pop = resolve("cuCtxPopCurrent", i, ctypes.POINTER(vp))

@@ -3,24 +3,25 @@ context once, and launch its entry points. Every op launches through ``LoadedMod
 
 - ``load(module, device, stream)``: the module's loaded handle, built and loaded on first use
   and kept for the process; refuses to compile or load while ``stream`` captures a CUDA graph.
-- ``LoadedModule.launch(entry, grid, values, stream)``: one kernel launch. ``values`` are the
-  parameter struct's fields but the last; that one, the debug error buffer, is filled in
-  here: null normally, and with NVRTC_GATHER_DEBUG=1 a device buffer that is read back after
-  the launch (one sync) and turned into a ValueError naming the bad index.
-- ``preload(device)``: load every module now (before CUDA-graph capture).
+- ``LoadedModule.launch(entry, grid, stream, fill)``: one kernel launch. ``fill(buf, error)``
+  packs the parameter struct into ``buf`` with the given ``error`` pointer (a packer from
+  ParamStruct.packer, fields by name): null normally, and with NVRTC_GATHER_DEBUG=1 a device
+  buffer that is read back after the launch (one sync) and turned into a ValueError naming
+  the bad index.
+- ``preload(device)``: load every registered module now (before CUDA-graph capture).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
 import threading
+from typing import Callable
 
 import torch
 
 from .. import settings
 from ..errors import CaptureError, CudaError
-from . import build, compiler, driver
-from .catalogue import THREADS_PER_BLOCK, KernelModule
+from . import build, driver, spec
 from .debug_errors import raise_if_set
 
 try:  # a C call returning the handle as an int (~0.1 µs)
@@ -50,7 +51,7 @@ def _thread_state():
     if st is None:
         buf = ctypes.create_string_buffer(_PARAM_BYTES)
         arr = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        cfg = driver.LaunchConfig(1, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, None, None, 0)
+        cfg = driver.LaunchConfig(1, 1, 1, 1, 1, 1, 0, None, None, 0)  # grid and block set per launch
         cur = ctypes.c_void_p()
         st = _tls.state = (buf, ctypes.addressof(arr), cfg, ctypes.addressof(cfg), cur, ctypes.byref(cur), arr)
     return st
@@ -63,35 +64,36 @@ def error_buffer(device: int) -> torch.Tensor:
 
 class LoadedModule:
     """A kernel module loaded on one device: its entry points by name, and the one way to
-    launch them (a 1-D grid of THREADS_PER_BLOCK threads, the struct packed per call)."""
+    launch them (a 1-D grid of the module's threads per block, the struct packed per call)."""
 
-    __slots__ = ("module", "device", "functions", "_context", "_pack", "_raw")
+    __slots__ = ("module", "device", "functions", "_context", "_threads", "_raw")
 
-    def __init__(self, module: KernelModule, device: int, functions: dict[str, int]):
+    def __init__(self, module: spec.KernelModule, device: int, functions: dict[str, int]):
         self.module, self.device, self.functions = module, device, functions
         self._context = driver.primary_context(device)
-        self._pack = module.params.layout.pack_into
+        self._threads = module.threads
         self._raw = driver.raw()
 
-    def launch(self, entry: str, grid: int, values: tuple, stream: int) -> None:
+    def launch(self, entry: str, grid: int, stream: int, fill: Callable[[ctypes.Array, int], None]) -> None:
         """Launch ``entry`` with ``grid`` blocks on ``stream`` (a raw CUstream handle);
-        ``values``: the struct's fields but the last (the error buffer)."""
+        ``fill(buf, error)`` packs the parameter struct into ``buf``."""
         if settings.debug_enabled():
             err = error_buffer(self.device)
-            self._launch(self.functions[entry], grid, values, err.data_ptr(), stream)
+            self._launch(self.functions[entry], grid, fill, err.data_ptr(), stream)
             raise_if_set(err, self.module.label)
         else:
-            self._launch(self.functions[entry], grid, values, 0, stream)
+            self._launch(self.functions[entry], grid, fill, 0, stream)
 
-    def _launch(self, function: int, grid: int, values: tuple, err_ptr: int, stream: int) -> None:
-        # Every op call runs this: kept to one pack, two config fields, the context check and
+    def _launch(self, function: int, grid: int, fill, err_ptr: int, stream: int) -> None:
+        # Every op call runs this: kept to one pack, three config fields, the context check and
         # cuLaunchKernelEx (4 arguments through ctypes instead of cuLaunchKernel's 11).
         try:
             buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _tls.state
         except AttributeError:
             buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
-        self._pack(buf, 0, *values, err_ptr)
+        fill(buf, err_ptr)
         cfg.gridDimX = grid
+        cfg.blockDimX = self._threads
         cfg.hStream = stream
         raw = self._raw
         raw.ctx_get_current(cur_ref)
@@ -104,48 +106,43 @@ class LoadedModule:
 
 
 _lock = threading.RLock()
-_libraries: dict[tuple[str, str], object] = {}            # (module, arch) -> CUlibrary
+_libraries: dict[tuple[str, int], object] = {}             # (module, compute capability) -> CUlibrary
 _loaded: dict[tuple[str, int], LoadedModule] = {}          # (module, device) -> handle
 
 
-def _load(module: KernelModule, target: compiler.Target, device: int, image: bytes | None) -> dict[str, int]:
-    """Load (or reuse) the library for (module, arch) and fetch its kernels in ``device``'s
-    context. Loading is lazy in the driver: a bad image may only fail at the fetch."""
-    lk = (module.name, target.arch)
-    lib = _libraries.get(lk)
-    fresh = lib is None
-    if fresh:
-        lib = driver.load_library(image)
-        build.count("loads")
-        log.debug("%s-%s: loaded (%d bytes)", module.name, target.arch, len(image))
+def _functions(module: spec.KernelModule, lib, device: int) -> dict[str, int]:
+    """The module's kernels in ``device``'s context. Loading is lazy in the driver: a bad
+    image may only fail here."""
+    return driver.in_primary_context(device, lambda: {name: driver.get_function(lib, name) for name in module.kernels})
+
+
+def _load_library(module: spec.KernelModule, device: int, image: bytes):
+    """Load ``image`` as a library and fetch its kernels on ``device``; unloaded again if the
+    driver refuses it (CudaError)."""
+    lib = driver.load_library(image)
+    build.count("loads")
+    log.debug("%s: loaded (%d bytes) for cuda:%d", module.name, len(image), device)
     try:
-        fns = driver.in_primary_context(device, lambda: {name: driver.get_function(lib, name)
-                                                          for name in module.kernels})
+        return lib, _functions(module, lib, device)
     except CudaError:
-        if fresh:
-            driver.unload_library(lib)
+        driver.unload_library(lib)
         raise
-    _libraries[lk] = lib
-    return fns
 
 
-def _build_and_load(module: KernelModule, device: int) -> dict[str, int]:
-    """Build (or read) the image the device loads and load it; a cached image that the driver
-    refuses is discarded, compiled afresh and replaced, once."""
+def _build_and_load(module: spec.KernelModule, device: int) -> dict[str, int]:
+    """The module's kernels on ``device``: from a library already loaded for a GPU of the same
+    compute capability (no disk, no NVRTC), else from build.image_for."""
     settings.jit_disabled()  # a value it does not understand raises at every first load, cache hit or not
-    target, built = build.image_for_gpu(module, driver.capability(device))
-    if (module.name, target.arch) in _libraries:
-        return _load(module, target, device, None)
-    built = built or build.build_image(module, target)
-    try:
-        return _load(module, target, device, built.image)
-    except CudaError:
-        if not built.from_cache:
-            raise
-    return _load(module, target, device, build.rebuild(module, target, built))
+    capability = driver.capability(device)
+    lib = _libraries.get((module.name, capability))
+    if lib is not None:
+        return _functions(module, lib, device)
+    lib, functions = build.image_for(module, capability, lambda image: _load_library(module, device, image))
+    _libraries[module.name, capability] = lib
+    return functions
 
 
-def load(module: KernelModule, device: int, stream: int = 0) -> LoadedModule:
+def load(module: spec.KernelModule, device: int, stream: int = 0) -> LoadedModule:
     """``module`` loaded on CUDA device ``device``. The first call per (module, device)
     builds and loads; it refuses to while ``stream`` is capturing a CUDA graph."""
     handle = _loaded.get((module.name, device))
@@ -166,11 +163,10 @@ def load(module: KernelModule, device: int, stream: int = 0) -> LoadedModule:
 
 
 def preload(device: int | None = None, modules=None) -> None:
-    """Compile/load every kernel for ``device`` (default: every visible GPU) now, so that
-    no later call has to, e.g. before capturing CUDA graphs."""
-    from .catalogue import ALL_MODULES
-
+    """Compile/load every kernel module the ops use (spec.registered()) for ``device``
+    (default: every visible GPU) now, so that no later call has to, e.g. before capturing
+    CUDA graphs."""
     devices = [device] if device is not None else range(driver.device_count())
     for d in devices:
-        for m in modules or ALL_MODULES:
+        for m in modules or spec.registered():
             load(m, d)

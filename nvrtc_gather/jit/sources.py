@@ -34,9 +34,13 @@ def headers() -> dict[str, str]:
 
 
 def module_source(module) -> str:
-    """Text of a KernelModule's source: from cuda_src/, or from its own ``source_dir``
-    (a build that is not the package's, e.g. a benchmark baseline; headers still come
-    from cuda_src/)."""
+    """What NVRTC compiles for a KernelModule: its source file (from cuda_src/, or from its own
+    ``source_dir``: a build that is not the package's, e.g. a benchmark baseline; headers still
+    come from cuda_src/), followed by the entry points its spec generates."""
     if module.source_dir is None:
-        return read_source(module.source)
-    return (Path(module.source_dir) / module.source).read_text(encoding="utf-8")
+        text = read_source(module.source)
+    else:
+        text = (Path(module.source_dir) / module.source).read_text(encoding="utf-8")
+    wrappers = module.entry_wrappers()
+    return text + ("\n// Entry points of module " + module.name + " (generated from its spec)\n" + wrappers
+                   if wrappers else "")

@@ -1,8 +1,10 @@
 """cp_gather_indexer_k_quant_cache: the torch-facing gather op (contract: docs/contract.md §1).
 
 Checks every argument (raising before anything is written), then runs the NVRTC kernel
-on CUDA tensors (one launch, its tile policy below) or the vectorized torch implementation
-(gather_torch.py) on CPU tensors. Registered as torch.ops.nvrtc_gather.* at the bottom."""
+on CUDA tensors (one launch; the kernel family's spec and tile policy are in
+nvrtc_gather/kernels/gather.py) or the vectorized torch implementation (gather_torch.py) on
+CPU tensors. Repeated layouts take the shared fast path (fast_path.py). Registered as
+torch.ops.nvrtc_gather.* at the bottom."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -11,9 +13,9 @@ import torch
 from torch import Tensor
 
 from ..jit import driver, runtime
-from ..jit.catalogue import GATHER, GATHER_ENTRIES, GATHER_MODULES, THREADS_PER_BLOCK
-from . import checks as v
-from . import library, paged_layout
+from ..kernels import gather as spec
+from . import checks, library, paged_layout
+from .fast_path import Launch, LayoutMemo, layout_key5
 from .gather_torch import gather_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -22,215 +24,250 @@ _K_DTYPES = (_FP8, torch.uint8)
 _SCALE_DTYPES = (torch.uint8, torch.float32)
 _U8, _I32 = torch.uint8, torch.int32
 _is_compiling = torch.compiler.is_compiling
-
-# Bytes of fp8 values one thread block copies: 16 KiB keeps 4 16-byte loads in flight per thread.
-_BYTES_PER_CTA = 16384
+_NAMES = ("kv_cache", "dst_k", "dst_scale", "block_table", "cu_seq_lens")
+_SCALE_SHAPE = ("[num_tokens, 4 * head_dim // quant_block_size] (uint8) or "
+                "[num_tokens, head_dim // quant_block_size] (float32)")
 
 
 class GatherPlan(NamedTuple):
-    """One validated call. Fields from kv_ptr on are the kernel's parameters in struct
-    order (catalogue.GATHER_PARAMS but its last field, the error buffer), so launching
-    passes ``plan[2:]`` as it is (a test checks the two lists agree)."""
+    """One validated call: sizes, byte strides, pointers, and the kernel's choices."""
 
     device: int               # CUDA ordinal, -1 for CPU
     vec: int                  # bytes per fp8 load/store on the GPU
+    tokens_per_cta: int       # rows per thread block (0 on CPU)
     kv_ptr: int
     k_ptr: int
     s_ptr: int
     bt_ptr: int
     cu_ptr: int
+    num_tokens: int           # rows of dst_k
+    head_dim: int
+    scale_words: int          # fp32 scales per token
+    num_blocks: int
+    block_size: int
+    cache_stride: int         # bytes per token row of a block
     block_stride: int         # bytes between cache blocks
     dst_k_row_stride: int     # bytes
     dst_scale_row_stride: int  # bytes
-    bt_row_stride: int        # elements
-    num_tokens: int
     batch: int
     max_blocks: int
-    num_blocks: int
-    block_size: int
-    head_dim: int
-    scale_words: int          # fp32 scales per token
-    tokens_per_cta: int       # rows per thread block (0 on CPU)
+    bt_row_stride: int        # elements
+    bt_col_stride: int        # elements
+    cu_stride: int            # elements
 
 
-def _named(*tensors):
-    return zip(("kv_cache", "dst_k", "dst_scale", "block_table", "cu_seq_lens"), tensors)
-
-
-_SCALE_SHAPE = ("[num_tokens, 4 * head_dim // quant_block_size] (uint8) or "
-                "[num_tokens, head_dim // quant_block_size] (float32)")
-
+# -- the full checks ---------------------------------------------------------------------------
 
 def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherPlan:
     """Validate the arguments of cp_gather_indexer_k_quant_cache; reads no tensor data.
+    Each step checks one argument (or one relation between them) and raises TypeError or
+    ValueError naming it."""
+    tensors = (kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+    _check_types(tensors)
+    device = _device(tensors)
+    head_dim, scale_words, scale_row_stride = _destinations(dst_k, dst_scale)
+    block_stride = paged_layout.block_stride(kv_cache, kv_cache.shape, head_dim, scale_words)
+    batch, max_blocks = _indices(block_table, cu_seq_lens)
+    num_tokens = dst_k.shape[0]
+    num_blocks, block_size, cache_stride = kv_cache.shape
+    _check_int32(num_tokens, batch, max_blocks, num_blocks, block_size * head_dim)
+    plan = GatherPlan(
+        device=device, vec=0, tokens_per_cta=0,
+        kv_ptr=kv_cache.data_ptr(), k_ptr=dst_k.data_ptr(), s_ptr=dst_scale.data_ptr(),
+        bt_ptr=block_table.data_ptr(), cu_ptr=cu_seq_lens.data_ptr(),
+        num_tokens=num_tokens, head_dim=head_dim, scale_words=scale_words,
+        num_blocks=num_blocks, block_size=block_size, cache_stride=cache_stride, block_stride=block_stride,
+        dst_k_row_stride=dst_k.stride(0), dst_scale_row_stride=scale_row_stride,
+        batch=batch, max_blocks=max_blocks, bt_row_stride=block_table.stride(0),
+        bt_col_stride=block_table.stride(1), cu_stride=cu_seq_lens.stride(0))
+    _check_alignment(plan)
+    if num_tokens and batch:  # something is written: no written byte may be one the op reads
+        extents = _extents(plan)
+        if _overlapping(plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr, extents):
+            _raise_overlap(plan, extents)
+    vec = spec.vector_width(_low_bits(plan) | plan.kv_ptr | plan.k_ptr)
+    if device < 0:
+        return plan._replace(vec=vec)
+    return plan._replace(vec=vec, tokens_per_cta=spec.tokens_per_cta(head_dim, num_tokens, driver.sm_count(device)))
 
-    Written flat, each attribute read once: it runs on every call and its cost is most of
-    the op's host time (benchmarks/NOTES.md). Messages are built only on failure."""
-    if not (isinstance(kv_cache, Tensor) and isinstance(dst_k, Tensor) and isinstance(dst_scale, Tensor) and
-            isinstance(block_table, Tensor) and isinstance(cu_seq_lens, Tensor)):
-        for name, t in _named(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
-            v.tensor(name, t)
-    if kv_cache.dtype not in _KV_DTYPES:
-        v.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
-    if dst_k.dtype not in _K_DTYPES:
-        v.dtype_in("dst_k", dst_k, _K_DTYPES)
-    scale_dt = dst_scale.dtype
-    if scale_dt not in _SCALE_DTYPES:
-        v.dtype_in("dst_scale", dst_scale, _SCALE_DTYPES)
-    if block_table.dtype is not _I32:
-        v.dtype_in("block_table", block_table, (_I32,))
-    if cu_seq_lens.dtype is not _I32:
-        v.dtype_in("cu_seq_lens", cu_seq_lens, (_I32,))
 
-    kv_shape, k_shape, s_shape, bt_shape, cu_shape = (kv_cache.shape, dst_k.shape, dst_scale.shape,
-                                                      block_table.shape, cu_seq_lens.shape)
-    if len(kv_shape) != 3:
-        v.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
-    if len(k_shape) != 2:
-        v.rank("dst_k", dst_k, 2, "[num_tokens, head_dim]")
-    if len(s_shape) != 2:
-        v.rank("dst_scale", dst_scale, 2, _SCALE_SHAPE)
-    if len(bt_shape) != 2:
-        v.rank("block_table", block_table, 2, "[batch, max_blocks]")
-    if len(cu_shape) != 1:
-        v.rank("cu_seq_lens", cu_seq_lens, 1, "[batch + 1]")
-    device = kv_cache.get_device()  # -1 for CPU (and for meta, hence the thorough check there)
-    if device < 0 or not (dst_k.get_device() == dst_scale.get_device() == block_table.get_device() ==
-                          cu_seq_lens.get_device() == device and kv_cache.is_cuda and dst_k.is_cuda and
-                          dst_scale.is_cuda and block_table.is_cuda and cu_seq_lens.is_cuda):
-        v.same_device(dict(_named(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)))
+def _check_types(tensors) -> None:
+    for name, t in zip(_NAMES, tensors):
+        checks.tensor(name, t)
+    kv_cache, dst_k, dst_scale, block_table, cu_seq_lens = tensors
+    checks.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
+    checks.dtype_in("dst_k", dst_k, _K_DTYPES)
+    checks.dtype_in("dst_scale", dst_scale, _SCALE_DTYPES)
+    checks.dtype_in("block_table", block_table, (_I32,))
+    checks.dtype_in("cu_seq_lens", cu_seq_lens, (_I32,))
+    checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
+    checks.rank("dst_k", dst_k, 2, "[num_tokens, head_dim]")
+    checks.rank("dst_scale", dst_scale, 2, _SCALE_SHAPE)
+    checks.rank("block_table", block_table, 2, "[batch, max_blocks]")
+    checks.rank("cu_seq_lens", cu_seq_lens, 1, "[batch + 1]")
 
-    num_blocks, block_size, _cache_stride = kv_shape
-    num_tokens, head_dim = k_shape
-    s_rows, s_cols = s_shape
-    batch, max_blocks = bt_shape
+
+def _device(tensors) -> int:
+    """The CUDA ordinal of the call, -1 for CPU; every tensor on one device."""
+    dev = checks.same_device(dict(zip(_NAMES, tensors)))
+    return dev.index if dev.type == "cuda" else -1
+
+
+def _destinations(dst_k, dst_scale) -> tuple[int, int, int]:
+    """(head_dim, fp32 scales per token, dst_scale's row stride in bytes) of the outputs."""
+    num_tokens, head_dim = dst_k.shape
     if head_dim < 4 or head_dim % 4:
         raise ValueError(f"dst_k: head_dim (dim 1) must be a positive multiple of 4, got {head_dim}")
-    s_stride = dst_scale.stride()
-    if scale_dt is _U8:
+    checks.unit_inner_stride("dst_k", dst_k)
+    s_rows, s_cols = dst_scale.shape
+    if dst_scale.dtype is _U8:
         if s_cols % 4:
             raise ValueError(f"dst_scale: a uint8 dst_scale holds 4 bytes per fp32 scale, so dim 1 must be a "
-                             f"multiple of 4, got shape {tuple(s_shape)}")
-        scale_words = s_cols // 4
-        scale_row_stride = s_stride[0]
+                             f"multiple of 4, got shape {tuple(dst_scale.shape)}")
+        scale_words, row_stride = s_cols // 4, dst_scale.stride(0)
     else:
-        scale_words = s_cols
-        scale_row_stride = s_stride[0] * 4
+        scale_words, row_stride = s_cols, dst_scale.stride(0) * 4
     if scale_words < 1 or head_dim % scale_words:
         raise ValueError(
             f"dst_scale: {scale_words} scales per token must divide head_dim={head_dim} "
-            f"(head_dim % quant_block_size must be 0), got shape {tuple(s_shape)}")
+            f"(head_dim % quant_block_size must be 0), got shape {tuple(dst_scale.shape)}")
     if s_rows != num_tokens:
-        raise ValueError(f"dst_scale: expected {num_tokens} rows like dst_k, got shape {tuple(s_shape)}")
-    block_stride = paged_layout.block_stride(kv_cache, kv_shape, head_dim, scale_words)
-    if cu_shape[0] != batch + 1:
+        raise ValueError(f"dst_scale: expected {num_tokens} rows like dst_k, got shape {tuple(dst_scale.shape)}")
+    if s_cols > 1:
+        checks.unit_inner_stride("dst_scale", dst_scale)
+    if num_tokens > 1 and (dst_k.stride(0) < head_dim or row_stride < 4 * scale_words):
+        raise ValueError(f"dst_k/dst_scale: rows overlap (dst_k.stride(0) = {dst_k.stride(0)} < head_dim = "
+                         f"{head_dim}, or dst_scale's row stride {row_stride} bytes < {4 * scale_words})")
+    return head_dim, scale_words, row_stride
+
+
+def _indices(block_table, cu_seq_lens) -> tuple[int, int]:
+    """(batch, max_blocks) of the index tensors."""
+    batch, max_blocks = block_table.shape
+    if cu_seq_lens.shape[0] != batch + 1:
         raise ValueError(f"cu_seq_lens: expected batch + 1 = {batch + 1} entries (block_table has {batch} rows), "
-                         f"got {cu_shape[0]}")
+                         f"got {cu_seq_lens.shape[0]}")
+    if max_blocks > 1:
+        checks.unit_inner_stride("block_table", block_table)
+    if batch > 0:
+        checks.unit_inner_stride("cu_seq_lens", cu_seq_lens)
+    return batch, max_blocks
 
-    k_row, k_col = dst_k.stride()
-    bt_row, bt_col = block_table.stride()
-    if k_col != 1:
-        v.unit_inner_stride("dst_k", dst_k)
-    if s_stride[1] != 1 and s_cols > 1:
-        v.unit_inner_stride("dst_scale", dst_scale)
-    if bt_col != 1 and max_blocks > 1:
-        v.unit_inner_stride("block_table", block_table)
-    if batch > 0 and cu_seq_lens.stride(0) != 1:
-        v.unit_inner_stride("cu_seq_lens", cu_seq_lens)
-    if num_tokens > 1 and (k_row < head_dim or scale_row_stride < 4 * scale_words):
-        raise ValueError(f"dst_k/dst_scale: rows overlap (dst_k.stride(0) = {k_row} < head_dim = {head_dim}, or "
-                         f"dst_scale's row stride {scale_row_stride} bytes < {4 * scale_words})")
+
+def _check_int32(num_tokens, batch, max_blocks, num_blocks, block_bytes) -> None:
     # num_tokens + a block's rows: the kernel's last block computes its end row in 32 bits.
-    if (num_tokens + THREADS_PER_BLOCK | batch | max_blocks | num_blocks | block_size * head_dim) > v.INT32_MAX:
-        for name, what, value in (("dst_k", f"num_tokens + {THREADS_PER_BLOCK}", num_tokens + THREADS_PER_BLOCK),
-                                  ("block_table", "batch", batch),
-                                  ("block_table", "max_blocks", max_blocks),
-                                  ("kv_cache", "num_blocks", num_blocks),
-                                  ("kv_cache", "block_size * head_dim", block_size * head_dim)):
-            v.fits_int32(name, what, value)
-
-    kv_ptr, k_ptr, s_ptr = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
-    if (kv_ptr | block_stride | k_ptr | k_row | s_ptr | scale_row_stride) & 3:
-        v.aligned("kv_cache", "data pointer", kv_ptr)
-        v.aligned("kv_cache", "stride(0)", block_stride)
-        v.aligned("dst_k", "data pointer", k_ptr)
-        v.aligned("dst_k", "stride(0)", k_row)
-        v.aligned("dst_scale", "data pointer", s_ptr)
-        v.aligned("dst_scale", "row stride in bytes", scale_row_stride)
-    bt_ptr, cu_ptr = block_table.data_ptr(), cu_seq_lens.data_ptr()
-    if num_tokens and batch:  # something is written: no written byte may be one the op reads
-        ptrs = (k_ptr, s_ptr, kv_ptr, bt_ptr, cu_ptr)
-        lengths = _byte_lengths(num_tokens, head_dim, k_row, scale_words, scale_row_stride, num_blocks, block_size,
-                                block_stride, _cache_stride, batch, max_blocks, bt_row, bt_col, cu_seq_lens.stride(0))
-        if _overlapping(ptrs, lengths):
-            k_end, s_end, kv_end, bt_end, cu_end = (p + n for p, n in zip(ptrs, lengths))
-            v.disjoint({"dst_k": (k_ptr, k_end), "dst_scale": (s_ptr, s_end)},
-                       {"kv_cache": (kv_ptr, kv_end), "block_table": (bt_ptr, bt_end),
-                        "cu_seq_lens": (cu_ptr, cu_end)})
-    low = kv_ptr | block_stride | head_dim | k_ptr | k_row
-    vec = 16 if not low & 15 else (8 if not low & 7 else 4)
-    tpc = 0
-    if device >= 0:
-        tpc = tokens_per_cta(head_dim, num_tokens, driver.sm_count(device))  # lru_cached
-    return GatherPlan(device, vec, kv_ptr, k_ptr, s_ptr, bt_ptr, cu_ptr, block_stride, k_row, scale_row_stride,
-                      bt_row, num_tokens, batch, max_blocks, num_blocks, block_size, head_dim, scale_words, tpc)
+    for name, what, value in (("dst_k", f"num_tokens + {spec.THREADS}", num_tokens + spec.THREADS),
+                              ("block_table", "batch", batch),
+                              ("block_table", "max_blocks", max_blocks),
+                              ("kv_cache", "num_blocks", num_blocks),
+                              ("kv_cache", "block_size * head_dim", block_bytes)):
+        checks.fits_int32(name, what, value)
 
 
-def _byte_lengths(num_tokens, head_dim, k_row, scale_words, scale_row_stride, num_blocks, block_size, block_stride,
-                  cache_stride, batch, max_blocks, bt_row, bt_col, cu_stride) -> tuple[int, int, int, int, int]:
+def _check_alignment(p: GatherPlan) -> None:
+    for name, what, value in (("kv_cache", "data pointer", p.kv_ptr), ("kv_cache", "stride(0)", p.block_stride),
+                              ("dst_k", "data pointer", p.k_ptr), ("dst_k", "stride(0)", p.dst_k_row_stride),
+                              ("dst_scale", "data pointer", p.s_ptr),
+                              ("dst_scale", "row stride in bytes", p.dst_scale_row_stride)):
+        checks.aligned(name, what, value)
+
+
+def _low_bits(p: GatherPlan) -> int:
+    """The layout's bits of the vector width choice; the data pointers add theirs per call."""
+    return p.block_stride | p.head_dim | p.dst_k_row_stride
+
+
+# -- extents and overlap: one definition for the full checks and the fast path -----------------
+
+def _extents(p: GatherPlan) -> tuple[int, int, int, int, int]:
     """Bytes from each data pointer to the end of what the call touches, in the order dst_k,
     dst_scale (written), kv_cache, block_table, cu_seq_lens (read). num_tokens, batch > 0."""
-    return ((num_tokens - 1) * k_row + head_dim,
-            (num_tokens - 1) * scale_row_stride + 4 * scale_words,
-            (num_blocks - 1) * block_stride + block_size * cache_stride if num_blocks else 0,
-            4 * ((batch - 1) * bt_row + (max_blocks - 1) * bt_col + 1) if max_blocks else 0,
-            4 * (batch * cu_stride + 1))
+    return ((p.num_tokens - 1) * p.dst_k_row_stride + p.head_dim,
+            (p.num_tokens - 1) * p.dst_scale_row_stride + 4 * p.scale_words,
+            (p.num_blocks - 1) * p.block_stride + p.block_size * p.cache_stride if p.num_blocks else 0,
+            4 * ((p.batch - 1) * p.bt_row_stride + (p.max_blocks - 1) * p.bt_col_stride + 1) if p.max_blocks else 0,
+            4 * (p.batch * p.cu_stride + 1))
 
 
-def _overlapping(ptrs: tuple, lengths: tuple) -> bool:
+def _overlapping(kv_p, k_p, s_p, bt_p, cu_p, extents) -> bool:
     """Whether a written range (dst_k, dst_scale) overlaps a read one (kv_cache, block_table,
-    cu_seq_lens); both tuples in _byte_lengths' order."""
-    k_p, s_p, kv_p, bt_p, cu_p = ptrs
-    k_e, s_e, kv_e, bt_e, cu_e = k_p + lengths[0], s_p + lengths[1], kv_p + lengths[2], bt_p + lengths[3], \
-        cu_p + lengths[4]
+    cu_seq_lens)."""
+    k_n, s_n, kv_n, bt_n, cu_n = extents
+    k_e, s_e, kv_e, bt_e, cu_e = k_p + k_n, s_p + s_n, kv_p + kv_n, bt_p + bt_n, cu_p + cu_n
     return (k_p < kv_e and kv_p < k_e) or (s_p < kv_e and kv_p < s_e) or (k_p < bt_e and bt_p < k_e) or \
         (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e)
 
 
-def tokens_per_cta(head_dim: int, num_tokens: int, sm_count: int) -> int:
-    """Rows per thread block: enough bytes per block to keep loads in flight, but small
-    calls are spread over every SM (about 2 blocks each), since latency bounds them; at
-    the floor of 8 rows (one per warp) the tiny kernel runs them (kernel_name).
-    A call whose 16 KiB blocks fill between 3/4 of one wave and one wave gets blocks
-    twice that size, run by the wide kernels (8 loads in flight per thread): faster there,
-    slower below 3/4 of a wave (benchmarks/NOTES.md, v7)."""
-    most = max(1, min(THREADS_PER_BLOCK, _BYTES_PER_CTA // head_dim))
-    wave = most * sm_count * _CTAS_PER_SM  # rows of one wave of 16 KiB blocks
-    if 2 * most <= THREADS_PER_BLOCK and wave >= num_tokens > wave * 3 // 4:
-        return 2 * most
-    spread = -(-num_tokens // (2 * sm_count))
-    return max(1, min(most, max(_MIN_TOKENS_PER_CTA, spread)))
+def _raise_overlap(p: GatherPlan, extents) -> None:
+    k_n, s_n, kv_n, bt_n, cu_n = extents
+    checks.disjoint({"dst_k": (p.k_ptr, p.k_ptr + k_n), "dst_scale": (p.s_ptr, p.s_ptr + s_n)},
+                    {"kv_cache": (p.kv_ptr, p.kv_ptr + kv_n), "block_table": (p.bt_ptr, p.bt_ptr + bt_n),
+                     "cu_seq_lens": (p.cu_ptr, p.cu_ptr + cu_n)})
 
 
-def kernel_name(plan: GatherPlan) -> str:
-    """The entry point of cuda_src/gather_indexer_k.cu for a GPU plan: its vector width and
-    shape. "tiny" (one warp per row) when tokens_per_cta chose its floor, one row per warp
-    (small calls: at most 16 rows per SM); "wide" when it chose blocks of more than 16 KiB."""
-    tpc, head_dim = plan.tokens_per_cta, plan.head_dim
-    if tpc == _MIN_TOKENS_PER_CTA and tpc * head_dim < _BYTES_PER_CTA:
-        return GATHER_ENTRIES[plan.vec, "tiny"]
-    return GATHER_ENTRIES[plan.vec, "wide" if tpc * head_dim > _BYTES_PER_CTA else ""]
+# -- launching ---------------------------------------------------------------------------------
+
+class GatherLayout(NamedTuple):
+    """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
+
+    device: int
+    low_bits: int     # _low_bits of the plan
+    extents: tuple    # _extents of the plan
+    launches: dict    # vector width -> fast_path.Launch
+    handles: dict     # vector width -> loaded module, filled as used
 
 
-def launch_config(plan: GatherPlan) -> tuple[str, int, tuple]:
-    """Entry point, grid size and parameter values (all but the error buffer) of a validated
-    GPU call with rows to copy."""
-    tpc = plan.tokens_per_cta
-    return kernel_name(plan), (plan.num_tokens + tpc - 1) // tpc, plan[2:]
+def struct_fields(p: GatherPlan) -> dict:
+    """The GatherParams fields of a GPU plan, by name, but the error buffer."""
+    return dict(kv_cache=p.kv_ptr, dst_k=p.k_ptr, dst_scale=p.s_ptr, block_table=p.bt_ptr, cu_seq_lens=p.cu_ptr,
+                block_stride=p.block_stride, dst_k_row_stride=p.dst_k_row_stride,
+                dst_scale_row_stride=p.dst_scale_row_stride, bt_row_stride=p.bt_row_stride,
+                num_tokens=p.num_tokens, batch=p.batch, max_blocks=p.max_blocks, num_blocks=p.num_blocks,
+                block_size=p.block_size, head_dim=p.head_dim, scale_words=p.scale_words,
+                tokens_per_cta=p.tokens_per_cta)
 
 
-_MIN_TOKENS_PER_CTA = THREADS_PER_BLOCK // 32  # the tiny kernel's rows per block: one per warp
-_CTAS_PER_SM = 2048 // THREADS_PER_BLOCK  # resident blocks of 256 threads per SM (one wave)
+class LaunchConfig(NamedTuple):
+    """One launch of a GPU plan (tests and the emulator launch it by hand)."""
+
+    entry: str
+    grid: int
+    fields: dict   # struct_fields(plan)
+
+
+def launch_config(p: GatherPlan) -> LaunchConfig:
+    return LaunchConfig(spec.entry_for(p.vec, p.tokens_per_cta, p.head_dim), spec.grid(p.num_tokens, p.tokens_per_cta),
+                        struct_fields(p))
+
+
+def _layout(p: GatherPlan, module=None) -> GatherLayout:
+    """The layout of a GPU plan with rows to copy: a ready launch per vector width, from the
+    op's module of that width (or from ``module``, another build holding the entry points)."""
+    fixed = {n: v for n, v in struct_fields(p).items() if n not in _NAMES}
+    pack = spec.PARAMS.packer(**fixed)
+    launches = {vec: Launch(module or spec.MODULES[vec], spec.entry_for(vec, p.tokens_per_cta, p.head_dim),
+                            spec.grid(p.num_tokens, p.tokens_per_cta), pack)
+                for vec in spec.VECTOR_WIDTHS}
+    return GatherLayout(p.device, _low_bits(p), _extents(p), launches, {})
+
+
+def _run(layout: GatherLayout, kv_p: int, k_p: int, s_p: int, bt_p: int, cu_p: int) -> None:
+    """Launch a call of ``layout`` whose pointers passed the checks."""
+    vec = spec.vector_width(kv_p | k_p | layout.low_bits)
+    launch = layout.launches[vec]
+    device = layout.device
+    stream = runtime.current_stream(device)
+    handle = layout.handles.get(vec)
+    if handle is None:  # first call with this vector width: the module is loaded already or now
+        handle = layout.handles[vec] = runtime.load(launch.module, device, stream)
+    pack = launch.pack
+
+    def fill(buf, error):
+        pack(buf, kv_cache=kv_p, dst_k=k_p, dst_scale=s_p, block_table=bt_p, cu_seq_lens=cu_p, error=error)
+    handle.launch(launch.entry, launch.grid, stream, fill)
+
+
+_layouts = LayoutMemo()
 
 
 def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,
@@ -250,91 +287,40 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table,
                                                                       cu_seq_lens)
-    try:  # the layout's key (see _known below), everything plan_gather reads but the data pointers
-        key = (kv_cache.device, kv_cache.dtype, kv_cache.shape, kv_cache.stride(),
-               dst_k.device, dst_k.dtype, dst_k.shape, dst_k.stride(),
-               dst_scale.device, dst_scale.dtype, dst_scale.shape, dst_scale.stride(),
-               block_table.device, block_table.dtype, block_table.shape, block_table.stride(),
-               cu_seq_lens.device, cu_seq_lens.dtype, cu_seq_lens.shape, cu_seq_lens.stride())
-        known = _known.get(key)
+    try:
+        key = layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+        layout = _layouts.get(key)
     except AttributeError:  # not tensors: plan_gather says which
-        key = known = None
-    if known is not None and _launch_known(known, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
-        return
+        key = layout = None
+    if layout is not None:  # the fast path: only the pointer checks
+        kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
+        bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
+        if not (kv_p | k_p | s_p) & 3 and not _overlapping(kv_p, k_p, s_p, bt_p, cu_p, layout.extents):
+            _run(layout, kv_p, k_p, s_p, bt_p, cu_p)
+            return
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
-    device = plan.device
-    if device < 0:
+    if plan.device < 0:
         gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
         return
     if plan.num_tokens == 0 or plan.batch == 0:
         return
-    _launch(plan, GATHER_MODULES[plan.vec])
-    if key is not None:
-        _remember(key, plan)
-
-
-# The fast path. plan_gather's checks depend on the tensors' metadata (device, dtype, shape,
-# strides) and on their data pointers; an engine calls the op layer after layer with the same
-# metadata and new pointers. So a layout that passed plan_gather is remembered under its
-# metadata with what the pointer-dependent part needs (byte extents, the constant bits of
-# the alignment, the launch values after the pointers); a later call with that metadata redoes
-# only the pointer checks (alignment, overlap) and launches. Anything those checks would
-# reject falls through to plan_gather, which raises. Bounded: cleared when full.
-_known: dict[tuple, tuple] = {}
-_KNOWN_MAX = 256
-
-
-def _remember(key: tuple, plan: GatherPlan) -> None:
-    """After plan_gather accepted a CUDA call with rows to copy and it was launched."""
-    if len(_known) >= _KNOWN_MAX:
-        _known.clear()
-    p = plan
-    # key[2][2]: kv_cache's cache_stride; key[15][1], key[19][0]: block_table's and cu_seq_lens' inner strides
-    lengths = _byte_lengths(p.num_tokens, p.head_dim, p.dst_k_row_stride, p.scale_words, p.dst_scale_row_stride,
-                            p.num_blocks, p.block_size, p.block_stride, key[2][2], p.batch, p.max_blocks,
-                            p.bt_row_stride, key[15][1], key[19][0])
-    entries = {vec: kernel_name(p._replace(vec=vec)) for vec in (16, 8, 4)}
-    grid = (p.num_tokens + p.tokens_per_cta - 1) // p.tokens_per_cta
-    _known[key] = (p.device, p.block_stride | p.head_dim | p.dst_k_row_stride, lengths, entries, grid,
-                   tuple(p[7:]), {})  # the last: loaded modules by vector width, filled as used
-
-
-def _launch_known(known: tuple, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> bool:
-    """Launch a call whose metadata plan_gather accepted before; False (nothing done) when
-    its pointers fail a check, for plan_gather to report."""
-    device, low_bits, lengths, entries, grid, tail, kernels = known
-    kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
-    bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
-    if (kv_p | k_p | s_p) & 3 or _overlapping((k_p, s_p, kv_p, bt_p, cu_p), lengths):
-        return False
-    low = kv_p | k_p | low_bits
-    vec = 16 if not low & 15 else (8 if not low & 7 else 4)
-    stream = runtime.current_stream(device)
-    handle = kernels.get(vec)
-    if handle is None:  # first fast call with this vector width: the module is loaded already or now
-        handle = kernels[vec] = runtime.load(GATHER_MODULES[vec], device, stream)
-    handle.launch(entries[vec], grid, (kv_p, k_p, s_p, bt_p, cu_p) + tail, stream)
-    return True
-
-
-def _launch(plan: GatherPlan, module) -> None:
-    stream = runtime.current_stream(plan.device)
-    entry, grid, values = launch_config(plan)
-    runtime.load(module, plan.device, stream).launch(entry, grid, values, stream)
+    layout = _layout(plan)
+    _run(layout, plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr)
+    _layouts.remember(key, layout)
 
 
 def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=None, tokens_per_cta=None):
     """The benchmark's and tests' hook: a no-argument function that runs this call (CUDA
     tensors) exactly as the op does, optionally with another build of the gather source
-    (``module``, holding the entry point the call needs; default: the op's) or another
-    rows-per-block choice."""
+    (``module``, holding the entry point the call needs) or another rows-per-block choice."""
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     if tokens_per_cta is not None:
         plan = plan._replace(tokens_per_cta=tokens_per_cta)
+    layout = _layout(plan, module) if plan.num_tokens and plan.batch else None
 
     def run(_keep=(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)):  # the tensors outlive it
-        if plan.num_tokens and plan.batch:  # as the op: nothing to launch for an empty call
-            _launch(plan, module or GATHER_MODULES[plan.vec])
+        if layout is not None:  # as the op: nothing to launch for an empty call
+            _run(layout, plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr)
     return run
 
 

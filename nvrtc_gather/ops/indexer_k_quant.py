@@ -1,8 +1,10 @@
 """indexer_k_quant_and_cache: the torch-facing write op (contract: docs/contract.md §2).
 
 Checks every argument (raising before anything is written), then runs the NVRTC kernel
-on CUDA tensors (one launch) or the vectorized torch implementation
-(indexer_k_quant_torch.py) on CPU tensors. Registered as torch.ops.nvrtc_gather.* at the bottom."""
+on CUDA tensors (one launch; the kernel family's spec and policy are in
+nvrtc_gather/kernels/indexer_k_quant.py) or the vectorized torch implementation
+(indexer_k_quant_torch.py) on CPU tensors. Repeated layouts take the shared fast path
+(fast_path.py). Registered as torch.ops.nvrtc_gather.* at the bottom."""
 from __future__ import annotations
 
 import operator
@@ -12,9 +14,9 @@ import torch
 from torch import Tensor
 
 from ..jit import runtime
-from ..jit.catalogue import QUANT_ENTRIES, QUANT_MODULES, THREADS_PER_BLOCK
-from . import checks as v
-from . import library, paged_layout
+from ..kernels import indexer_k_quant as spec
+from . import checks, library, paged_layout
+from .fast_path import Launch, LayoutMemo, layout_key3
 from .indexer_k_quant_torch import quant_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -23,70 +25,113 @@ _K_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _I64 = torch.int64
 _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _is_compiling = torch.compiler.is_compiling
+_POINTERS = ("k", "slot_mapping", "kv_cache")
 
 # scale_fmt -> ue8m0. Plain fp32 scales are spelled "fp8_e4m3", "fp8e4m3" (vllm-xpu-kernels'
 # tests), "" or None (what engines pass); anything else is a typo and rejected. vLLM's own op
 # treats every value but "ue8m0" as plain: its adapter (integrations/vllm.py) does the same.
 SCALE_FMTS = {"ue8m0": True, "fp8_e4m3": False, "fp8e4m3": False, "": False, None: False}
 
-UNROLL = 4  # tokens per block of the vector kernels / tokens_per_pass: NG_QUNROLL of cuda_src/quant_cache.cu
-
 
 class QuantPlan(NamedTuple):
     """Sizes, byte strides, pointers and kernel choice of one validated call."""
 
     device: int               # CUDA ordinal, -1 for CPU
+    k_type: str               # "bf16", "f16" or "f32"
+    element_size: int         # bytes per k element
     num_tokens: int           # slot_mapping entries: rows of k written
     head_dim: int
     quant_block_size: int
     num_blocks: int
     block_size: int
+    cache_stride: int         # bytes per token row of a block
     num_slots: int            # num_blocks * block_size
     block_stride: int         # bytes between cache blocks
     k_row_stride: int         # bytes
+    slot_stride: int          # elements
     ue8m0: bool
     vec: int                  # bytes per k load of the vector kernels; 0: the generic kernel
-    tokens_per_pass: int      # vector kernels: THREADS_PER_BLOCK // lanes per token
+    tokens_per_pass: int      # vector kernels: tokens one pass of a block covers
     k_ptr: int
     slot_ptr: int
     kv_ptr: int
 
 
-def _vector_width(k_align: int, esize: int, head_dim: int, qbs: int) -> int:
-    """Widest k load (16 or 8 bytes) that the alignment allows, whose elements divide the
-    quant block, and with at most THREADS_PER_BLOCK lanes per token; 0 if none."""
-    for vec in (16, 8):
-        elems = vec // esize
-        if not k_align % vec and not qbs % elems and head_dim // elems <= THREADS_PER_BLOCK:
-            return vec
-    return 0
-
+# -- the full checks ---------------------------------------------------------------------------
 
 def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantPlan:
-    """Validate the arguments of indexer_k_quant_and_cache; reads no tensor data.
+    """Validate the arguments of indexer_k_quant_and_cache; reads no tensor data. Each step
+    checks one argument (or one relation between them) and raises TypeError or ValueError
+    naming it."""
+    _check_types(k, kv_cache, slot_mapping)
+    qbs = _quant_block_size(quant_block_size)
+    ue8m0 = _scale_fmt(scale_fmt)
+    device = _device(k, kv_cache, slot_mapping)
+    rows, head_dim = k.shape
+    num_blocks, block_size, cache_stride = kv_cache.shape
+    num_tokens = slot_mapping.shape[0]
+    if head_dim < 4 or head_dim % 4:
+        raise ValueError(f"k: head_dim (dim 1) must be a positive multiple of 4, got shape {tuple(k.shape)}")
+    if qbs < 1 or head_dim % qbs:
+        raise ValueError(f"quant_block_size: must be a positive divisor of head_dim={head_dim}, got {qbs}")
+    if num_tokens > rows:
+        raise ValueError(f"slot_mapping: {num_tokens} entries, more than the {rows} rows of k "
+                         "(only the first len(slot_mapping) rows of k are written)")
+    block_stride = paged_layout.block_stride(kv_cache, kv_cache.shape, head_dim, head_dim // qbs)
+    checks.unit_inner_stride("k", k)
+    if num_tokens > 1:
+        checks.unit_inner_stride("slot_mapping", slot_mapping)
+    for name, what, value in (("slot_mapping", "num_tokens", num_tokens),
+                              ("kv_cache", "block_size * head_dim", block_size * head_dim),
+                              ("kv_cache", "cache_stride", cache_stride)):
+        checks.fits_int32(name, what, value)
+    esize = k.element_size()
+    plan = QuantPlan(
+        device=device, k_type=_TYPE_NAMES[k.dtype], element_size=esize, num_tokens=num_tokens, head_dim=head_dim,
+        quant_block_size=qbs, num_blocks=num_blocks, block_size=block_size, cache_stride=cache_stride,
+        num_slots=num_blocks * block_size, block_stride=block_stride, k_row_stride=k.stride(0) * esize,
+        slot_stride=slot_mapping.stride(0), ue8m0=ue8m0, vec=0, tokens_per_pass=0,
+        k_ptr=k.data_ptr(), slot_ptr=slot_mapping.data_ptr(), kv_ptr=kv_cache.data_ptr())
+    checks.aligned("kv_cache", "data pointer", plan.kv_ptr)
+    checks.aligned("kv_cache", "stride(0)", block_stride)
+    checks.aligned("k", "data pointer", plan.k_ptr, esize)
+    if num_tokens:  # the kernel writes kv_cache while it reads k and slot_mapping
+        extents = _extents(plan)
+        if _overlapping(plan.k_ptr, plan.slot_ptr, plan.kv_ptr, extents):
+            kv_n, k_n, sm_n = extents
+            checks.disjoint({"kv_cache": (plan.kv_ptr, plan.kv_ptr + kv_n)},
+                            {"k": (plan.k_ptr, plan.k_ptr + k_n), "slot_mapping": (plan.slot_ptr, plan.slot_ptr + sm_n)})
+    vec = spec.vector_width(plan.k_ptr | _low_bits(plan), esize, head_dim, qbs)
+    return plan._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, esize, head_dim))
 
-    Flat, each attribute read once, like gather.plan_gather: it runs on every call."""
-    if not (isinstance(k, Tensor) and isinstance(kv_cache, Tensor) and isinstance(slot_mapping, Tensor)):
-        for name, t in (("k", k), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
-            v.tensor(name, t)
-    k_dt = k.dtype
-    if k_dt not in _K_DTYPES:
-        v.dtype_in("k", k, _K_DTYPES)
-    if kv_cache.dtype not in _KV_DTYPES:
-        v.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
-    if slot_mapping.dtype is not _I64:
-        v.dtype_in("slot_mapping", slot_mapping, (_I64,))
-    qbs = quant_block_size
-    if type(qbs) is not int:
-        if isinstance(qbs, bool) or not hasattr(qbs, "__index__"):
-            raise TypeError(f"quant_block_size: expected an int, got {type(qbs).__name__}")
-        try:
-            qbs = operator.index(qbs)
-        except TypeError:  # e.g. a float tensor: torch's own message would not name the argument
-            what = f"a {qbs.dtype} tensor" if isinstance(qbs, Tensor) else type(qbs).__name__
-            raise TypeError(f"quant_block_size: expected an int, got {what}") from None
+
+def _check_types(k, kv_cache, slot_mapping) -> None:
+    for name, t in (("k", k), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
+        checks.tensor(name, t)
+    checks.dtype_in("k", k, _K_DTYPES)
+    checks.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
+    checks.dtype_in("slot_mapping", slot_mapping, (_I64,))
+    checks.rank("k", k, 2, "[num_tokens, head_dim]")
+    checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
+    checks.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
+
+
+def _quant_block_size(qbs) -> int:
+    if type(qbs) is int:
+        return qbs
+    if isinstance(qbs, bool) or not hasattr(qbs, "__index__"):
+        raise TypeError(f"quant_block_size: expected an int, got {type(qbs).__name__}")
     try:
-        ue8m0 = SCALE_FMTS[scale_fmt]
+        return operator.index(qbs)
+    except TypeError:  # e.g. a float tensor: torch's own message would not name the argument
+        what = f"a {qbs.dtype} tensor" if isinstance(qbs, Tensor) else type(qbs).__name__
+        raise TypeError(f"quant_block_size: expected an int, got {what}") from None
+
+
+def _scale_fmt(scale_fmt) -> bool:
+    """Whether scale_fmt asks for power-of-two (ue8m0) scales."""
+    try:
+        return SCALE_FMTS[scale_fmt]
     except (KeyError, TypeError):
         if not isinstance(scale_fmt, str):
             raise TypeError(f"scale_fmt: expected a str (\"ue8m0\" or \"fp8_e4m3\"), got "
@@ -94,73 +139,102 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
         raise ValueError(f"scale_fmt: expected \"ue8m0\" (power-of-two scales) or \"fp8_e4m3\" "
                          f"(plain fp32 scales; \"fp8e4m3\", \"\" and None mean the same), got {scale_fmt!r}") from None
 
-    k_shape, kv_shape, sm_shape = k.shape, kv_cache.shape, slot_mapping.shape
-    if len(k_shape) != 2:
-        v.rank("k", k, 2, "[num_tokens, head_dim]")
-    if len(kv_shape) != 3:
-        v.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
-    if len(sm_shape) != 1:
-        v.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
-    device = kv_cache.get_device()  # -1 for CPU (and for meta, hence the thorough check there)
-    if device < 0 or not (k.get_device() == slot_mapping.get_device() == device and kv_cache.is_cuda and
-                          k.is_cuda and slot_mapping.is_cuda):
-        v.same_device({"kv_cache": kv_cache, "k": k, "slot_mapping": slot_mapping})
 
-    rows, head_dim = k_shape
-    num_blocks, block_size, cache_stride = kv_shape
-    num_tokens = sm_shape[0]
-    if head_dim < 4 or head_dim % 4:
-        raise ValueError(f"k: head_dim (dim 1) must be a positive multiple of 4, got shape {tuple(k_shape)}")
-    if qbs < 1 or head_dim % qbs:
-        raise ValueError(f"quant_block_size: must be a positive divisor of head_dim={head_dim}, got {qbs}")
-    if num_tokens > rows:
-        raise ValueError(f"slot_mapping: {num_tokens} entries, more than the {rows} rows of k "
-                         "(only the first len(slot_mapping) rows of k are written)")
-    nq = head_dim // qbs
-    block_stride = paged_layout.block_stride(kv_cache, kv_shape, head_dim, nq)
-    k_row, k_col = k.stride()
-    if k_col != 1:
-        v.unit_inner_stride("k", k)
-    if num_tokens > 1 and slot_mapping.stride(0) != 1:
-        v.unit_inner_stride("slot_mapping", slot_mapping)
-    if (num_tokens | block_size * head_dim | cache_stride) > v.INT32_MAX:
-        for name, what, value in (("slot_mapping", "num_tokens", num_tokens),
-                                  ("kv_cache", "block_size * head_dim", block_size * head_dim),
-                                  ("kv_cache", "cache_stride", cache_stride)):
-            v.fits_int32(name, what, value)
-
-    esize = k.element_size()
-    k_ptr, kv_ptr = k.data_ptr(), kv_cache.data_ptr()
-    k_row_bytes = k_row * esize
-    if (kv_ptr | block_stride) & 3 or k_ptr % esize:
-        v.aligned("kv_cache", "data pointer", kv_ptr)
-        v.aligned("kv_cache", "stride(0)", block_stride)
-        v.aligned("k", "data pointer", k_ptr, esize)
-    slot_ptr = slot_mapping.data_ptr()
-    if num_tokens:  # the kernel writes kv_cache while it reads k and slot_mapping
-        kv_end = kv_ptr + (num_blocks - 1) * block_stride + block_size * cache_stride if num_blocks else kv_ptr
-        k_end = k_ptr + (num_tokens - 1) * k_row_bytes + head_dim * esize
-        sm_end = slot_ptr + 8 * ((num_tokens - 1) * slot_mapping.stride(0) + 1)
-        if (k_ptr < kv_end and kv_ptr < k_end) or (slot_ptr < kv_end and kv_ptr < sm_end):
-            v.disjoint({"kv_cache": (kv_ptr, kv_end)}, {"k": (k_ptr, k_end), "slot_mapping": (slot_ptr, sm_end)})
-    vec = _vector_width(k_ptr | (k_row_bytes if num_tokens > 1 else 0), esize, head_dim, qbs)
-    tpp = THREADS_PER_BLOCK // (head_dim * esize // vec) if vec else 0
-    return QuantPlan(device, num_tokens, head_dim, qbs, num_blocks, block_size, num_blocks * block_size,
-                     block_stride, k_row_bytes, ue8m0, vec, tpp, k_ptr, slot_ptr, kv_ptr)
+def _device(k, kv_cache, slot_mapping) -> int:
+    dev = checks.same_device({"kv_cache": kv_cache, "k": k, "slot_mapping": slot_mapping})
+    return dev.index if dev.type == "cuda" else -1
 
 
-def launch_config(plan: QuantPlan, k_dtype: torch.dtype) -> tuple[str, int, tuple]:
-    """Entry point, grid size and parameter values (all but the error buffer) of a validated
-    call with num_tokens > 0."""
-    n = plan.num_tokens
-    if plan.vec:
-        per_block = UNROLL * plan.tokens_per_pass
-        grid = (n + per_block - 1) // per_block
-    else:  # one thread per (token, quant block)
-        grid = (n * (plan.head_dim // plan.quant_block_size) + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-    return QUANT_ENTRIES[_TYPE_NAMES[k_dtype], plan.vec], grid, (
-        plan.k_ptr, plan.slot_ptr, plan.kv_ptr, plan.k_row_stride, plan.block_stride, plan.num_slots,
-        n, plan.block_size, plan.head_dim, plan.quant_block_size, plan.tokens_per_pass, int(plan.ue8m0))
+def _low_bits(p: QuantPlan) -> int:
+    """The layout's bits of k's alignment; k's data pointer adds its own per call."""
+    return p.k_row_stride if p.num_tokens > 1 else 0
+
+
+# -- extents and overlap: one definition for the full checks and the fast path -----------------
+
+def _extents(p: QuantPlan) -> tuple[int, int, int]:
+    """Bytes from each data pointer to the end of what the call touches: kv_cache (written),
+    k, slot_mapping (read). num_tokens > 0."""
+    return ((p.num_blocks - 1) * p.block_stride + p.block_size * p.cache_stride if p.num_blocks else 0,
+            (p.num_tokens - 1) * p.k_row_stride + p.head_dim * p.element_size,
+            8 * ((p.num_tokens - 1) * p.slot_stride + 1))
+
+
+def _overlapping(k_p, sm_p, kv_p, extents) -> bool:
+    kv_n, k_n, sm_n = extents
+    kv_e = kv_p + kv_n
+    return (k_p < kv_e and kv_p < k_p + k_n) or (sm_p < kv_e and kv_p < sm_p + sm_n)
+
+
+# -- launching ---------------------------------------------------------------------------------
+
+class QuantLayout(NamedTuple):
+    """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
+
+    device: int
+    low_bits: int           # _low_bits of the plan
+    element_size: int
+    head_dim: int
+    quant_block_size: int
+    extents: tuple          # _extents of the plan
+    launches: dict          # vector width -> fast_path.Launch
+    handles: dict           # vector width -> loaded module, filled as used
+
+
+def struct_fields(p: QuantPlan) -> dict:
+    """The QuantParams fields of a GPU plan, by name, but the error buffer."""
+    return dict(k=p.k_ptr, slot_mapping=p.slot_ptr, kv_cache=p.kv_ptr, k_row_stride=p.k_row_stride,
+                block_stride=p.block_stride, num_slots=p.num_slots, num_tokens=p.num_tokens,
+                block_size=p.block_size, head_dim=p.head_dim, quant_block_size=p.quant_block_size,
+                tokens_per_pass=p.tokens_per_pass, ue8m0=int(p.ue8m0))
+
+
+class LaunchConfig(NamedTuple):
+    """One launch of a GPU plan (tests and the emulator launch it by hand)."""
+
+    entry: str
+    grid: int
+    fields: dict   # struct_fields(plan)
+
+
+def launch_config(p: QuantPlan) -> LaunchConfig:
+    """The launch of a validated call with num_tokens > 0."""
+    return LaunchConfig(spec.entry_name(p.k_type, p.vec),
+                        spec.grid(p.vec, p.num_tokens, p.tokens_per_pass, p.head_dim, p.quant_block_size),
+                        struct_fields(p))
+
+
+def _layout(p: QuantPlan, module=None) -> QuantLayout:
+    """The layout of a GPU plan with tokens to write: a ready launch per vector width, from
+    the op's module for it (or from ``module``, another build holding the entry points)."""
+    launches = {}
+    for vec in spec.VECTOR_WIDTHS:
+        q = p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size, p.head_dim))
+        fixed = {n: v for n, v in struct_fields(q).items() if n not in _POINTERS}
+        cfg = launch_config(q)
+        launches[vec] = Launch(module or spec.MODULES[p.k_type, vec], cfg.entry, cfg.grid,
+                               spec.PARAMS.packer(**fixed))
+    return QuantLayout(p.device, _low_bits(p), p.element_size, p.head_dim, p.quant_block_size, _extents(p),
+                       launches, {})
+
+
+def _run(layout: QuantLayout, k_p: int, sm_p: int, kv_p: int) -> None:
+    """Launch a call of ``layout`` whose pointers passed the checks."""
+    vec = spec.vector_width(k_p | layout.low_bits, layout.element_size, layout.head_dim, layout.quant_block_size)
+    launch = layout.launches[vec]
+    device = layout.device
+    stream = runtime.current_stream(device)
+    handle = layout.handles.get(vec)
+    if handle is None:  # first call with this vector width: the module is loaded already or now
+        handle = layout.handles[vec] = runtime.load(launch.module, device, stream)
+    pack = launch.pack
+
+    def fill(buf, error):
+        pack(buf, k=k_p, slot_mapping=sm_p, kv_cache=kv_p, error=error)
+    handle.launch(launch.entry, launch.grid, stream, fill)
+
+
+_layouts = LayoutMemo()
 
 
 def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -181,31 +255,40 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return torch.ops.nvrtc_gather.indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size,
                                                                  scale_fmt)
+    layout = key = None
+    if type(quant_block_size) is int:  # a bool or an int-like object takes the full checks
+        try:
+            key = (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt)
+            layout = _layouts.get(key)
+        except (AttributeError, TypeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
+            key = None
+    if layout is not None:  # the fast path: only the pointer checks
+        k_p, sm_p, kv_p = k.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
+        if not kv_p & 3 and not k_p % layout.element_size and not _overlapping(k_p, sm_p, kv_p, layout.extents):
+            _run(layout, k_p, sm_p, kv_p)
+            return
     plan = plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
-    device = plan.device
-    if device < 0:
+    if plan.device < 0:
         quant_torch(plan, k, kv_cache, slot_mapping)
         return
     if plan.num_tokens == 0:
         return
-    _launch(plan, k.dtype, QUANT_MODULES[_TYPE_NAMES[k.dtype], plan.vec])
-
-
-def _launch(plan: QuantPlan, k_dtype: torch.dtype, module) -> None:
-    stream = runtime.current_stream(plan.device)
-    entry, grid, values = launch_config(plan, k_dtype)
-    runtime.load(module, plan.device, stream).launch(entry, grid, values, stream)
+    layout = _layout(plan)
+    _run(layout, plan.k_ptr, plan.slot_ptr, plan.kv_ptr)
+    if key is not None:
+        _layouts.remember(key, layout)
 
 
 def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=None):
     """The benchmark's and tests' hook: a no-argument function that runs this call (CUDA
     tensors) exactly as the op does, optionally with another build of the quant source
-    (``module``, holding the entry point the call needs; default: the op's)."""
+    (``module``, holding the entry point the call needs)."""
     plan = plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
+    layout = _layout(plan, module) if plan.num_tokens else None
 
     def run(_keep=(k, kv_cache, slot_mapping)):  # the tensors outlive it
-        if plan.num_tokens:
-            _launch(plan, k.dtype, module or QUANT_MODULES[_TYPE_NAMES[k.dtype], plan.vec])
+        if layout is not None:
+            _run(layout, plan.k_ptr, plan.slot_ptr, plan.kv_ptr)
     return run
 
 

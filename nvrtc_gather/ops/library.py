@@ -5,8 +5,8 @@ graph break.
 Each op's schema marks the tensors it writes (``Tensor(a!)``) and returns nothing; its fake
 (meta) implementation does nothing, since the ops only write into their arguments. The
 low-level ``torch.library.Library`` API with CPU/CUDA kernels is used rather than
-``torch.library.custom_op``: the same tracing, at about a tenth of the dispatch cost per call
-(benchmarks/NOTES.md). The plain Python functions stay the documented entry points; inside
+``torch.library.custom_op``: the same tracing, at a fraction of the dispatch cost per call.
+The plain Python functions stay the documented entry points; inside
 torch.compile they route themselves through these ops."""
 from __future__ import annotations
 

@@ -8,18 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, driver, runtime
+from nvrtc_gather.jit import build, compiler, cubin_cache, driver, runtime
 from nvrtc_gather.cli import cache as cli_cache, info, warmup
 from nvrtc_gather import cli
 from nvrtc_gather.errors import CompileError, MissingDependencyError
+from nvrtc_gather.kernels import gather as gather_kernels
+from nvrtc_gather import kernels
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 KNOWN = (75, 80, 86, 87, 89, 90, 100, 120, 121)
 
 # A fresh process builds every module for the archs in argv; prints compiles and disk hits.
-FRESH = ("import sys\nfrom nvrtc_gather.jit import build, catalogue, compiler\n"
+FRESH = ("import sys\nfrom nvrtc_gather import kernels\nfrom nvrtc_gather.jit import build, compiler\n"
          "for a in sys.argv[1:]:\n"
-         "    for m in catalogue.ALL_MODULES:\n"
+         "    for m in kernels.ALL_MODULES:\n"
          "        build.build_image(m, compiler.Target(a))\n"
          "print(build.stats['compiles'], build.stats['disk_hits'])")
 
@@ -70,8 +72,8 @@ def test_warmup_then_a_fresh_process_compiles_nothing_even_after_copying(tmp_pat
     warm = tmp_path / "warm"
     assert warmup.main(["--arch", "sm_80", "9.0", "--cache-dir", str(warm), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    n = len(catalogue.ALL_MODULES)
-    assert out.count("compiled") >= 2 * n and f"{2 * n} entries: {2 * n} compiled" in out
+    n = len(kernels.ALL_MODULES)
+    assert out.count("compiled") >= 2 * n and f"{2 * n} images: {2 * n} compiled" in out
     assert "arch" in out and "module" in out and "size" in out and "time" in out
     # again: everything already cached
     assert warmup.main(["--arch", "sm_80", "sm_90", "--cache-dir", str(warm), "--no-progress"]) == 0
@@ -88,21 +90,21 @@ def test_warmup_script_is_the_same_tool(tmp_path):
                         "--cache-dir", str(d)], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "sm_86" in r.stdout and "1/" in r.stderr  # table on stdout, progress on stderr
-    assert _fresh_process(d, "sm_86") == (0, len(catalogue.ALL_MODULES))
+    assert _fresh_process(d, "sm_86") == (0, len(kernels.ALL_MODULES))
 
 
 def test_warmup_all_uses_every_supported_arch(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(compiler, "supported_archs", lambda: (80, 89))
     assert cli.main(["warmup", "--all", "--cache-dir", str(tmp_path), "--no-progress", "-j", "2"]) == 0
-    got = {(e.module, e.arch) for e in cubin_cache.DiskCache(tmp_path).entries() if e.valid}
-    assert got == {(m.name, a) for m in catalogue.ALL_MODULES for a in ("sm_80", "sm_89")}
+    got = {(e.module, e.arch) for e in cubin_cache.DiskCache(tmp_path).scan().images if e.valid}
+    assert got == {(m.name, a) for m in kernels.ALL_MODULES for a in ("sm_80", "sm_89")}
 
 
 def test_warmup_defaults_to_the_gpus_present(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)  # GPU images set it; it would win
     _fake_gpus(monkeypatch, [90, 90, 86])
     assert warmup.main(["--cache-dir", str(tmp_path), "--no-progress"]) == 0
-    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).entries()} == {"sm_90", "sm_86"}
+    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).scan().images} == {"sm_90", "sm_86"}
 
 
 def test_warmup_without_gpu_or_arch_says_what_to_do(tmp_path, monkeypatch, capsys):
@@ -130,7 +132,7 @@ def test_warmup_reports_failures_and_exits_non_zero(tmp_path, monkeypatch, capsy
     assert warmup.main(["--arch", "sm_80", "sm_90", "--cache-dir", str(tmp_path), "--no-progress"]) == 1
     cap = capsys.readouterr()
     assert "FAILED" in cap.out and "simulated failure" in cap.err
-    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).entries()} == {"sm_90"}
+    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).scan().images} == {"sm_90"}
 
 
 def test_warmup_on_a_full_disk_fails_with_the_reason(tmp_path, monkeypatch, capsys):
@@ -165,18 +167,18 @@ def test_warmup_refuses_a_disabled_default_cache(monkeypatch, capsys):
 def test_cache_list_verify_fix_clear(tmp_path, capsys):
     d = cubin_cache.DiskCache(tmp_path / "c")
     t = compiler.Target("sm_90")
-    built = build.build_image(catalogue.GATHER, t, disk=d)
-    old_name = build.entry_name(catalogue.GATHER, compiler.Target("sm_80"))
+    built = build.build_image(gather_kernels.MODULES[16], t, disk=d)
+    old_name = build.cache_name(gather_kernels.MODULES[16], compiler.Target("sm_80"))
     d.put(old_name, "ab" * 32, b"old")  # intact, but not under this install's key: stale
     stale = d.path_for(old_name, "ab" * 32)
     args = ["--cache-dir", str(d.directory)]
 
     assert cli_cache.main(["list", *args]) == 0
     out = capsys.readouterr().out
-    assert "gather_indexer_k" in out and "sm_90" in out and "stale" in out and "2 entries" in out
-    assert cli_cache.main(["verify", *args]) == 0 and "2 of 2 entries intact" in capsys.readouterr().out
+    assert "gather_indexer_k" in out and "sm_90" in out and "stale" in out and "2 image file(s)" in out
+    assert cli_cache.main(["verify", *args]) == 0 and "2 of 2 image files intact" in capsys.readouterr().out
 
-    path = d.path_for(build.entry_name(catalogue.GATHER, t), built.key)
+    path = d.path_for(build.cache_name(gather_kernels.MODULES[16], t), built.key)
     path.write_bytes(path.read_bytes()[:-1])
     (d.directory / f".{path.name}.zz9_ab01.tmp").write_bytes(b"half")
     assert cli.main(["cache", "list", *args]) == 0
@@ -197,8 +199,8 @@ def _shared_dir(tmp_path):
     real.mkdir(mode=0o700)
     d = cubin_cache.DiskCache(real)
     t = compiler.Target("sm_90")
-    built = build.build_image(catalogue.GATHER, t, disk=d)
-    good = d.path_for(build.entry_name(catalogue.GATHER, t), built.key)
+    built = build.build_image(gather_kernels.MODULES[16], t, disk=d)
+    good = d.path_for(build.cache_name(gather_kernels.MODULES[16], t), built.key)
     with d.lock("quant_cache-sm_90", "cd" * 32):
         pass
     bad = d.path_for("quant_cache-sm_90", "cd" * 32)
@@ -235,13 +237,13 @@ def test_cache_commands_leave_other_programs_files_alone(tmp_path, capsys, via_s
     _foreign_intact(real, foreign)
     assert not bad.exists() and not Path(f"{bad}.lock").exists()   # the bad entry went with its lock
     assert good.exists() and Path(f"{good}.lock").exists() and orphan.exists()
-    assert f"BAD {bad.name}" in verified and "1 of 2 entries intact" in verified and verified.count("BAD ") == 1
+    assert f"BAD {bad.name}" in verified and "1 of 2 image files intact" in verified and verified.count("BAD ") == 1
     assert "8 other file(s)" in verified and "firmware.bin" in verified
 
     assert cli_cache.main(["list", *args]) == 0
     out = capsys.readouterr().out
-    assert "1 entries" in out and "firmware.bin" in out and "8 other file(s)" in out and "left alone" in out
-    assert "1 lock file(s) without an entry" in out
+    assert "1 image file(s)" in out and "firmware.bin" in out and "8 other file(s)" in out and "left alone" in out
+    assert "1 lock file(s) without an image file" in out
 
     assert cli_cache.main(["clear", *args]) == 0
     out = capsys.readouterr().out
@@ -253,8 +255,8 @@ def test_cache_commands_leave_other_programs_files_alone(tmp_path, capsys, via_s
 
 def test_entry_locks_are_not_foreign_and_go_with_their_entries(tmp_path, capsys):
     d = cubin_cache.DiskCache(tmp_path / "c")
-    built = build.build_image(catalogue.GATHER, compiler.Target("sm_90"), disk=d)
-    path = d.path_for(build.entry_name(catalogue.GATHER, compiler.Target("sm_90")), built.key)
+    built = build.build_image(gather_kernels.MODULES[16], compiler.Target("sm_90"), disk=d)
+    path = d.path_for(build.cache_name(gather_kernels.MODULES[16], compiler.Target("sm_90")), built.key)
     lock = Path(f"{path}.lock")
     assert sorted(os.listdir(d.directory)) == sorted([path.name, lock.name])
     assert cli_cache.main(["list", "--cache-dir", str(d.directory)]) == 0
@@ -264,7 +266,7 @@ def test_entry_locks_are_not_foreign_and_go_with_their_entries(tmp_path, capsys)
     assert os.listdir(d.directory) == [] and "1 lock file" in capsys.readouterr().out
     orphan = Path(f"{d.path_for('m-sm_80', 'cd' * 32)}.lock")
     orphan.write_bytes(b"")
-    assert d.foreign() == [] and cli_cache.main(["clear", "--cache-dir", str(d.directory)]) == 0
+    assert d.scan().foreign == [] and cli_cache.main(["clear", "--cache-dir", str(d.directory)]) == 0
     assert os.listdir(d.directory) == []
 
 

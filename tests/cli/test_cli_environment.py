@@ -8,14 +8,16 @@ import pytest
 
 from nvrtc_gather import cli
 from nvrtc_gather.cli import info
-from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, cuda_packages, driver
+from nvrtc_gather.jit import build, compiler, cubin_cache, cuda_packages, driver, spec
+from nvrtc_gather.kernels import gather as gather_kernels
+from nvrtc_gather import kernels
 
-ONE = (catalogue.GATHER,)  # one module keeps the compiles short; the logic is per module
+ONE = (gather_kernels.MODULES[16],)  # one module keeps the compiles short; the logic is per module
 
 
 @pytest.fixture
 def one_module(monkeypatch):
-    monkeypatch.setattr(catalogue, "ALL_MODULES", ONE)
+    monkeypatch.setattr(spec, "registered", lambda: ONE)
 
 
 def _run(capsys, *argv):
@@ -32,18 +34,19 @@ def test_arch_list_with_suffixes_is_warmed_as_the_gpus_load_it(tmp_path, monkeyp
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a 10.0")
     rc, out, _ = _run(capsys, "warmup", "--cache-dir", str(tmp_path), "--no-progress")
     assert rc == 0
-    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).entries()} == {"sm_90", "sm_100"}
+    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).scan().images} == {"sm_90", "sm_100"}
     assert "9.0a is warmed as sm_90" in out
     # what the runtime looks up for a GPU of capability 9.0 is there, so nothing compiles
     monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", str(tmp_path))
-    target, built = build.image_for_gpu(catalogue.GATHER, 90)
-    assert target.arch == "sm_90" and built is not None and built.from_cache
+    hits, compiles = build.stats["disk_hits"], build.stats["compiles"]
+    image = build.image_for(gather_kernels.MODULES[16], 90, lambda image: image)
+    assert image[:4] == b"\x7fELF" and build.stats["disk_hits"] == hits + 1 and build.stats["compiles"] == compiles
 
 
 def test_explicit_arch_specific_name_says_what_it_warms(tmp_path, capsys, one_module):
     rc, out, _ = _run(capsys, "warmup", "--arch", "sm_90a", "--cache-dir", str(tmp_path), "--no-progress")
     assert rc == 0 and "sm_90a is warmed as sm_90" in out and "no arch-specific instructions" in out
-    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).entries()} == {"sm_90"}
+    assert {e.arch for e in cubin_cache.DiskCache(tmp_path).scan().images} == {"sm_90"}
 
 
 # -- verify proves a cache can serve -------------------------------------------------------------
@@ -57,7 +60,7 @@ def test_verify_reports_stale_entries_and_arch_proves_serving(tmp_path, monkeypa
     rc, out, _ = _run(capsys, "cache", "verify", "--cache-dir", str(tmp_path))
     assert rc == 0 and "STALE" in out and "1 of them stale" in out  # intact, but never loaded here
     rc, out, _ = _run(capsys, "cache", "verify", "--arch", "sm_90", "--cache-dir", str(tmp_path))
-    assert rc == 1 and "would NOT serve sm_90" in out and f"missing: {catalogue.GATHER.name}" in out
+    assert rc == 1 and "would NOT serve sm_90" in out and f"missing: {gather_kernels.MODULES[16].name}" in out
     assert f"nvrtc-gather warmup --arch sm_90 --cache-dir {tmp_path}" in out
 
     assert _run(capsys, "warmup", "--arch", "9.0", "--cache-dir", str(tmp_path), "--no-progress")[0] == 0
@@ -71,11 +74,11 @@ def test_verify_arch_counts_every_module_the_ops_load(tmp_path, capsys):
     """Without --arch's proof a partly warmed cache looked fine: one module short fails it."""
     disk = cubin_cache.DiskCache(tmp_path)
     t = compiler.Target("sm_90")
-    for m in catalogue.ALL_MODULES[:-1]:
+    for m in kernels.ALL_MODULES[:-1]:
         built = build.build_image(m, t, disk=disk, compile_ok=True)
         assert built.image
     rc, out, _ = _run(capsys, "cache", "verify", "--arch", "sm_90", "--cache-dir", str(tmp_path))
-    assert rc == 1 and f"missing: {catalogue.ALL_MODULES[-1].name}" in out
+    assert rc == 1 and f"missing: {kernels.ALL_MODULES[-1].name}" in out
 
 
 # -- paths that cannot be checked, a home that cannot be found -----------------------------------

@@ -1,5 +1,5 @@
 """The gather kernel itself (cuda_src/gather_indexer_k.cu) run on the host by the
-thread-per-lane emulator (tests/cuda_host_emu.cpp), with the entry point, grid and packed
+thread-per-lane emulator (tests/helpers/cuda_host_emu.cpp), with the entry point, grid and packed
 PARAMS bytes the op hands the GPU: bit-exact against the per-token reference, with
 poisoned outputs. This checks the kernel's search, single-request speculation and
 bad-index paths, both block shapes (16 KiB, and wide) and all three vector widths
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nvrtc_gather.ops import gather
-from nvrtc_gather.jit import catalogue
+from nvrtc_gather.kernels import gather as gather_kernels
 from helpers.host_emu import emu_launch, emulator
 from helpers.reference import (MALFORMED, SENTINEL, SINGLE_REQUEST_FAULTS, assert_only_rows_skipped,
                        assert_single_request_result, bad_block_id_case, break_indices, gather_reference,
@@ -26,9 +26,9 @@ BUILDS = {"default": ()}  # the op's build (-D options of other builds would go 
 def run_kernel(dll, case, tokens_per_cta=None, err=None):
     """What the op does on a GPU for ``case`` (CPU tensors), with the kernel run by the emulator."""
     plan = gather.plan_gather(*case.args())
-    tpc = tokens_per_cta or gather.tokens_per_cta(plan.head_dim, plan.num_tokens, H200_SMS)
-    name, grid, values = gather.launch_config(plan._replace(tokens_per_cta=tpc))
-    emu_launch(dll, catalogue.GATHER_PARAMS, name, grid, values, 0 if err is None else err.data_ptr())
+    tpc = tokens_per_cta or gather_kernels.tokens_per_cta(plan.head_dim, plan.num_tokens, H200_SMS)
+    name, grid, fields = gather.launch_config(plan._replace(tokens_per_cta=tpc))
+    emu_launch(dll, gather_kernels.PARAMS, name, grid, fields, 0 if err is None else err.data_ptr())
 
 
 def check(dll, case, tokens_per_cta=None):
@@ -116,7 +116,7 @@ def test_every_entry_point(build, offset, vec, tpc, shape):
     store = torch.full((c.dst_k.numel() + 64,), SENTINEL, dtype=torch.uint8)
     c.dst_k = store[offset: offset + c.dst_k.numel()].view(c.dst_k.shape).view(c.dst_k.dtype)
     plan = gather.plan_gather(*c.args())._replace(tokens_per_cta=tpc)
-    assert gather.kernel_name(plan) == f"gather_indexer_k_v{vec}{shape}"
+    assert gather.launch_config(plan).entry == f"gather_indexer_k_v{vec}{shape}"
     run_kernel(dll, c, tpc)
     assert torch.equal(c.dst_k.view(torch.uint8), k_ref) and torch.equal(c.dst_scale.view(torch.uint8), s_ref)
     assert bool((store[:offset] == SENTINEL).all()) and bool((store[offset + c.dst_k.numel():] == SENTINEL).all())

@@ -19,8 +19,8 @@ from helpers.host_emu import emulator
 from helpers.index_fuzz import (GATHER_ENTRIES, GATHER_KINDS, GATHER_REPEATS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
                                 QUANT_REPEATS, Launch, check_gather, check_quant, gather_case, gather_launch,
                                 launch_problem, pack, quant_case, quant_launch, run_isolated)
-from nvrtc_gather.jit import catalogue
 from nvrtc_gather.ops import gather
+from nvrtc_gather.kernels import gather as gather_kernels
 
 @pytest.fixture(scope="module")
 def gather_emu(tmp_path_factory):
@@ -28,7 +28,7 @@ def gather_emu(tmp_path_factory):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[catalogue.GATHER_ENTRIES[e] for e in GATHER_ENTRIES])
+@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[gather_kernels.entry_name(*e) for e in GATHER_ENTRIES])
 def test_gather_index_fuzz(gather_emu, vec, shape, debug):
     cases = [gather_case(f"gather-v{vec}{shape}-{kind}-{rep}", kind, vec, shape)
              for rep in range(GATHER_REPEATS) for kind in GATHER_KINDS]
@@ -46,8 +46,8 @@ def test_a_fault_is_a_clean_failure(gather_emu):
     c = cases[1]
     c.tensors[4].copy_(torch.arange(len(c.cu), dtype=torch.int32))  # a row per request: a store happens
     c.tensors[3].zero_()
-    name, grid, values = gather.launch_config(c.plan)
-    launches[1] = Launch(name, grid, pack(catalogue.GATHER_PARAMS, values, 0), [])
+    name, grid, fields = gather.launch_config(c.plan)
+    launches[1] = Launch(name, grid, pack(gather_kernels.PARAMS, fields, 0), [])
     outcomes = run_isolated(gather_emu, launches)
     check_gather(cases[0], False, outcomes[0])
     assert outcomes[1][0] < 0 and "signal" in launch_problem(*outcomes[1])

@@ -1,5 +1,5 @@
 """The quant kernels themselves (cuda_src/quant_cache.cu) run on the host by a thread-per-lane
-emulator (tests/cuda_host_emu.cpp), with the kernel name, grid and packed PARAMS bytes the op
+emulator (tests/helpers/cuda_host_emu.cpp), with the kernel name, grid and packed PARAMS bytes the op
 would hand the GPU (indexer_k_quant.launch_config): bit-exact against the torch path. This
 catches indexing, reduction and struct-layout bugs without a GPU; it says nothing about
 GPU arithmetic (that is test_quant_gpu.py's job). Skipped without a C++20 compiler."""
@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from nvrtc_gather.jit import catalogue
 from nvrtc_gather.ops import indexer_k_quant
 from nvrtc_gather.ops.indexer_k_quant_torch import quant_torch
+from nvrtc_gather.kernels import indexer_k_quant as quant_kernels
 from helpers.host_emu import emu_launch, emulator
 from helpers.reference import make_quant_case, special_k
 
@@ -23,15 +23,15 @@ def emu(tmp_path_factory):
     return emulator(tmp_path_factory)
 
 
-def launch(dll, name, grid, values, err_ptr=0):
-    emu_launch(dll, catalogue.QUANT_PARAMS, name, grid, values, err_ptr)
+def launch(dll, name, grid, fields, err_ptr=0):
+    emu_launch(dll, quant_kernels.PARAMS, name, grid, fields, err_ptr)
 
 
 def run_kernel(dll, case, err=None):
     """What the op does on a GPU, with the kernel run by the emulator."""
     plan = indexer_k_quant.plan_quant(*case.args())
     if plan.num_tokens:
-        launch(dll, *indexer_k_quant.launch_config(plan, case.k.dtype), 0 if err is None else err.data_ptr())
+        launch(dll, *indexer_k_quant.launch_config(plan), 0 if err is None else err.data_ptr())
     return plan
 
 
@@ -111,10 +111,9 @@ def test_emulated_slots_above_2_31(emu):
     want = make_copy(case)
     quant_torch(indexer_k_quant.plan_quant(*want.args()), want.k, want.kv_cache, want.slot_mapping)
     plan = indexer_k_quant.plan_quant(*case.args())
-    name, grid, values = indexer_k_quant.launch_config(plan, case.k.dtype)
-    values = list(values)
-    values[4], values[5], case.slot_mapping[0] = 0, 1 << 40, (1 << 35) + 5  # block_stride, num_slots, slot
-    launch(emu, name, grid, values)
+    name, grid, fields = indexer_k_quant.launch_config(plan)
+    case.slot_mapping[0] = (1 << 35) + 5
+    launch(emu, name, grid, dict(fields, block_stride=0, num_slots=1 << 40))
     assert torch.equal(case.kv_store, want.kv_store)
 
 
@@ -129,5 +128,5 @@ def test_emulated_rounding_ties_zeros_and_subnormals(tmp_path_factory, dt, fmt):
     want = kv.clone()
     quant_torch(indexer_k_quant.plan_quant(k, want, slots, 32, fmt), k, want, slots)
     plan = indexer_k_quant.plan_quant(k, kv, slots, 32, fmt)
-    launch(dll, *indexer_k_quant.launch_config(plan, k.dtype))
+    launch(dll, *indexer_k_quant.launch_config(plan))
     assert torch.equal(kv, want)

@@ -14,7 +14,6 @@ import torch
 
 import nvrtc_gather as ng
 from nvrtc_gather.ops import gather
-from nvrtc_gather.jit import catalogue
 from nvrtc_gather.ops.gather_torch import gather_torch
 from helpers.reference import (MALFORMED, SENTINEL, SINGLE_REQUEST_FAULTS, assert_no_allocation_on_a_side_stream,
                        assert_only_rows_skipped, assert_single_request_result, bad_block_id_case, break_indices,
@@ -139,7 +138,7 @@ def test_wide_blocks(head_dim, nq, parts):
     args = _device_case([max(1, int(f * wave)) if f else 0 for f in parts], head_dim=head_dim, nq=nq,
                         seed=len(parts))
     plan = gather.plan_gather(*args)
-    assert gather.kernel_name(plan).endswith("_wide")
+    assert gather.launch_config(plan).entry.endswith("_wide")
     _check_against_torch_path(args)
 
 

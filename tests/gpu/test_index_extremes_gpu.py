@@ -15,8 +15,8 @@ import torch
 import nvrtc_gather as ng
 from helpers.index_fuzz import (DTYPES, GATHER_ENTRIES, GATHER_KINDS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
                                 check_gather, check_quant, gather_case, gather_is_bad, quant_case)
-from nvrtc_gather.jit import catalogue
 from nvrtc_gather.ops import gather, indexer_k_quant
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -52,17 +52,17 @@ def _call(op, args, expect_error, desc):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[catalogue.GATHER_ENTRIES[e] for e in GATHER_ENTRIES])
+@pytest.mark.parametrize("vec,shape", GATHER_ENTRIES, ids=[gather_kernels.entry_name(*e) for e in GATHER_ENTRIES])
 def test_gather_extreme_indices(vec, shape, debug, monkeypatch):
     _debug(monkeypatch, debug)
-    entry = catalogue.GATHER_ENTRIES[vec, shape]
+    entry = gather_kernels.entry_name(vec, shape)
     for kind in GATHER_KINDS:
         c = gather_case(f"gpu-gather-v{vec}{shape}-{kind}", kind, vec, shape)
         c.plan = gather.plan_gather(*c.tensors)._replace(tokens_per_cta=c.tpc)  # the CPU plan: block_stride
         c.desc = c.describe(entry, debug)
         c.before = c.arena.bytes.clone()
         dev, args = _on_device(c)
-        assert gather.kernel_name(gather.plan_gather(*args)._replace(tokens_per_cta=c.tpc)) == entry, c.desc
+        assert gather.launch_config(gather.plan_gather(*args)._replace(tokens_per_cta=c.tpc)).entry == entry, c.desc
         _call(gather.prepared(*args, tokens_per_cta=c.tpc), (), debug and gather_is_bad(c), c.desc)
         c.arena.bytes.copy_(dev.cpu())
         check_gather(c, False, (0, 0, 0))  # (the op's own error buffer, not the case's, in debug mode)
@@ -72,7 +72,7 @@ def test_gather_extreme_indices(vec, shape, debug, monkeypatch):
 @pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
 def test_quant_extreme_slots(dt, vec, debug, monkeypatch):
     _debug(monkeypatch, debug)
-    entry = catalogue.QUANT_ENTRIES[dt, vec]
+    entry = quant_kernels.entry_name(dt, vec)
     for kind in QUANT_KINDS:
         if kind.startswith("alias"):  # needs a cache the op's checks refuse (stride 0): emulator only
             continue
@@ -81,7 +81,7 @@ def test_quant_extreme_slots(dt, vec, debug, monkeypatch):
         c.before = c.arena.bytes.clone()
         dev, (k, kv, sm) = _on_device(c)
         plan = indexer_k_quant.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
-        assert indexer_k_quant.launch_config(plan, k.dtype)[0] == entry, c.desc
+        assert indexer_k_quant.launch_config(plan).entry == entry, c.desc
         bad = any(s >= c.num_slots for s in c.slots)
         _call(ng.indexer_k_quant_and_cache, (k, kv, sm, c.qbs, c.scale_fmt), debug and bad, c.desc)
         c.arena.bytes.copy_(dev.cpu())

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
-from nvrtc_gather.jit import catalogue
 from nvrtc_gather.ops import indexer_k_quant
 from nvrtc_gather.ops.indexer_k_quant_torch import block_scales, quant_torch
 from helpers.builds import QUANT_SOFT_FP8

@@ -12,8 +12,9 @@ def build_all(cache_dir, archs, barrier, out_path, use_lock=True, only=None):
     ``archs``; write what happened."""
     from nvrtc_gather.jit import cubin_cache
     from nvrtc_gather.jit import compiler
-    from nvrtc_gather.jit import catalogue
     from nvrtc_gather.jit import build, runtime
+    from nvrtc_gather import kernels
+    from nvrtc_gather.kernels import gather as gather_kernels
 
     if not use_lock:  # correctness must not depend on the lock
         @contextmanager
@@ -24,7 +25,7 @@ def build_all(cache_dir, archs, barrier, out_path, use_lock=True, only=None):
     barrier.wait(timeout=120)
     results = {}
     for arch in archs:
-        for m in catalogue.ALL_MODULES:
+        for m in kernels.ALL_MODULES:
             if only is not None and m.name not in only:
                 continue
             r = build.build_image(m, compiler.Target(arch), disk=disk)
@@ -37,11 +38,12 @@ def stall_in_fsync(cache_dir, arch, inside):
     """Build one entry, but stop forever inside put()'s fsync (the parent SIGKILLs us there)."""
     from nvrtc_gather.jit import cubin_cache
     from nvrtc_gather.jit import compiler
-    from nvrtc_gather.jit import catalogue
     from nvrtc_gather.jit import build, runtime
+    from nvrtc_gather import kernels
+    from nvrtc_gather.kernels import gather as gather_kernels
 
     def stuck_fsync(fd):
         inside.set()
         time.sleep(600)
     os.fsync = stuck_fsync
-    build.build_image(catalogue.GATHER, compiler.Target(arch), disk=cubin_cache.DiskCache(cache_dir))
+    build.build_image(gather_kernels.MODULES[16], compiler.Target(arch), disk=cubin_cache.DiskCache(cache_dir))

@@ -7,9 +7,11 @@
 // Optionally (emu_set_bounds) every __ldg must lie inside given address ranges: one outside is
 // counted (emu_oob) and reads zeros instead of touching memory. emu_launch_isolated runs
 // launches in a forked child, so that a stray access that faults ends the child, not the caller.
-// Build (KERNEL_FILE = the .cu):
-//   g++ -std=c++20 -O1 -ffp-contract=off -fno-fast-math -pthread -shared -fPIC
-//       -I cuda_src -DKERNEL_FILE='"quant_cache.cu"' -DKERNEL_PARAMS=QuantParams cuda_host_emu.cpp
+// Build (KERNEL_FILE = the .cu, KERNEL_ENTRIES = a file of the entry points the specs generate,
+// and the spec's -D constants; tests/helpers/host_emu.py does it):
+//   g++ -std=c++20 -O1 -ffp-contract=off -fno-fast-math -pthread -shared -fPIC -I cuda_src
+//       -DKERNEL_FILE='"quant_cache.cu"' -DKERNEL_ENTRIES='"entries.inc"' -DKERNEL_PARAMS=QuantParams
+//       -DNG_THREADS=256 -DNG_QUNROLL=4 cuda_host_emu.cpp
 #include <atomic>
 #include <barrier>
 #include <cerrno>
@@ -145,6 +147,7 @@ static unsigned int __ballot_sync(unsigned int mask, bool pred) {
 }
 
 #include KERNEL_FILE
+#include KERNEL_ENTRIES  // the extern "C" entry points the modules' specs generate (host_emu.py)
 
 static_assert(NG_THREADS == NG_EMU_THREADS, "emulator block size");
 

@@ -1,4 +1,4 @@
-"""Builds the host emulator of the kernels (tests/cuda_host_emu.cpp running a file of
+"""Builds the host emulator of the kernels (tests/helpers/cuda_host_emu.cpp running a file of
 cuda_src/ on CPU threads) for the tests that need it."""
 import ctypes
 import shutil
@@ -8,31 +8,39 @@ from pathlib import Path
 import pytest
 
 from nvrtc_gather.jit import sources
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
 
 _BUILDS: dict = {}
-# kernel -> (source file in cuda_src/, its parameter struct)
-KERNELS = {"quant": ("quant_cache.cu", "QuantParams"), "gather": ("gather_indexer_k.cu", "GatherParams")}
+# kernel -> its family's modules: one emulator build holds every entry point of the family
+KERNELS = {"quant": quant_kernels.MODULES, "gather": gather_kernels.MODULES}
 
 
 def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
-    """The emulator of ``kernel``'s source built with extra ``-D`` ``defines`` (one build per
-    kernel and set, per process); skips the test when no C++20 compiler is available.
+    """The emulator of ``kernel``'s source built as its spec builds it (the spec's -D
+    constants, the entry points it generates for every module of the family) with extra
+    ``-D`` ``defines`` (one build per kernel and set, per process); skips the test when no
+    C++20 compiler is available.
 
     Several builds live in one process, each with its own __shared__ arrays (static locals of
     templates: GCC would make them STB_GNU_UNIQUE, one object for every library that defines
     the symbol, whatever its size there; -fno-gnu-unique keeps them apart)."""
     if (kernel, defines) in _BUILDS:
         return _BUILDS[kernel, defines]
-    source, params = KERNELS[kernel]
+    modules = list(KERNELS[kernel].values())
+    first = modules[0]
+    source, params = first.source, first.params.name
     cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler to build the host emulator of the kernels")
-    lib = tmp_path_factory.mktemp("emu") / f"lib{kernel}emu.so"
+    build_dir = tmp_path_factory.mktemp("emu")
+    lib = build_dir / f"lib{kernel}emu.so"
+    entries = build_dir / "entries.inc"
+    entries.write_text("".join(m.entry_wrappers() for m in modules))
     here = Path(__file__).resolve().parent
     cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
            "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
-           f'-DKERNEL_FILE="{source}"', f"-DKERNEL_PARAMS={params}", *defines,
-           str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
+           f'-DKERNEL_FILE="{source}"', f'-DKERNEL_ENTRIES="{entries}"', f"-DKERNEL_PARAMS={params}",
+           *first.defines, *defines, str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
     r = subprocess.run(cmd[:1] + ["-fno-gnu-unique"] + cmd[1:], capture_output=True, text=True)
     if r.returncode and "gnu-unique" in r.stderr:  # not GCC: clang does not make them unique
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -55,11 +63,11 @@ def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
     return dll
 
 
-def emu_launch(dll, params, entry: str, grid: int, values: tuple, err_ptr: int = 0) -> None:
-    """Run ``entry`` of an emulator build on ``grid`` blocks with the struct ``params``
-    (catalogue.*_PARAMS) packed from ``values`` (every field but the error buffer) and
+def emu_launch(dll, params, entry: str, grid: int, fields: dict, err_ptr: int = 0) -> None:
+    """Run ``entry`` of an emulator build on ``grid`` blocks with the struct ``params`` (a
+    family's PARAMS) packed from ``fields`` (every field but the error buffer, by name) and
     ``err_ptr``, as runtime.LoadedModule.launch packs it for the GPU."""
     fn = ctypes.cast(getattr(dll, entry), ctypes.c_void_p)
-    packed = params.layout.pack(*values, err_ptr)
+    packed = params.pack(**fields, error=err_ptr)
     assert dll.emu_launch(fn, packed, grid) == params.layout.size  # the C++ struct has the same size
     assert dll.emu_faults() == 0, "misaligned vector load or store"

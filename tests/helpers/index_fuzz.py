@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from nvrtc_gather.jit import catalogue
 from nvrtc_gather.ops import gather, indexer_k_quant
-from nvrtc_gather.jit.catalogue import THREADS_PER_BLOCK
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
 from helpers.host_emu import emulator
 from helpers.reference import SENTINEL, quant_reference, random_k_values
 
@@ -60,9 +59,9 @@ def same_view(t: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     return whole.as_strided(u.shape, u.stride(), u.storage_offset())
 
 
-def pack(params, values: tuple, err_ptr: int) -> bytes:
-    """The struct bytes runtime.LoadedModule.launch would pass: ``values`` then the error buffer."""
-    return params.layout.pack(*values, err_ptr)
+def pack(params, fields: dict, err_ptr: int) -> bytes:
+    """The struct bytes runtime.LoadedModule.launch would pass: ``fields`` and the error buffer."""
+    return params.pack(**fields, error=err_ptr)
 
 
 @dataclass
@@ -305,11 +304,11 @@ def gather_launch(c: GatherFuzz, vec: int, shape: str, debug: bool) -> Launch:
     the arena's bytes before it in c.before."""
     kv, _, _, bt_t, cu_t = c.tensors
     c.plan = gather.plan_gather(*c.tensors)._replace(tokens_per_cta=c.tpc)
-    name, grid, values = gather.launch_config(c.plan)
-    c.desc = c.describe(catalogue.GATHER_ENTRIES[vec, shape], debug)
-    assert name == catalogue.GATHER_ENTRIES[vec, shape], c.desc
+    name, grid, fields = gather.launch_config(c.plan)
+    c.desc = c.describe(gather_kernels.entry_name(vec, shape), debug)
+    assert name == gather_kernels.entry_name(vec, shape), c.desc
     c.before = c.arena.bytes.clone()
-    return Launch(name, grid, pack(catalogue.GATHER_PARAMS, values, c.err.data_ptr() if debug else 0),
+    return Launch(name, grid, pack(gather_kernels.PARAMS, fields, c.err.data_ptr() if debug else 0),
                   [span(kv), span(bt_t), span(cu_t)])
 
 
@@ -426,7 +425,7 @@ def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
             if s not in valid and rng.random() < 0.5:
                 valid[rng.randrange(len(valid))] = s
     # one_bad: the last token of the vector kernels' first block (in its last pass), else the last.
-    bad_at = indexer_k_quant.UNROLL * (THREADS_PER_BLOCK // (hd * esize // vec)) - 1 if vec else T - 1
+    bad_at = quant_kernels.UNROLL * (quant_kernels.THREADS // (hd * esize // vec)) - 1 if vec else T - 1
     valid_it = iter(valid)
     slots = []
     for _ in range(T):
@@ -475,18 +474,15 @@ def quant_launch(c: QuantFuzz, dt: str, vec: int, debug: bool) -> Launch:
     """What the op would launch for the case; keeps the arena's bytes before it in c.before."""
     k, kv, sm = c.tensors
     plan = indexer_k_quant.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
-    name, grid, values = indexer_k_quant.launch_config(plan, k.dtype)
-    c.desc = c.describe(catalogue.QUANT_ENTRIES[dt, vec], debug)
-    assert name == catalogue.QUANT_ENTRIES[dt, vec], c.desc
+    name, grid, fields = indexer_k_quant.launch_config(plan)
+    c.desc = c.describe(quant_kernels.entry_name(dt, vec), debug)
+    assert name == quant_kernels.entry_name(dt, vec), c.desc
     if c.kind.startswith("alias"):  # one block of stride 0 that every block aliases, 2^40 slots
-        names = [name for name, _ in catalogue.QUANT_PARAMS.fields]
-        i = names.index("block_stride")
-        assert names[i + 1] == "num_slots"
-        values = values[:i] + (0, c.num_slots) + values[i + 2:]
+        fields = dict(fields, block_stride=0, num_slots=c.num_slots)
     T = len(c.slots)
     k_hi = k.data_ptr() + ((T - 1) * k.stride(0) + k.size(1)) * k.element_size()  # rows past T: never read
     c.before = c.arena.bytes.clone()
-    return Launch(name, grid, pack(catalogue.QUANT_PARAMS, values, c.err.data_ptr() if debug else 0),
+    return Launch(name, grid, pack(quant_kernels.PARAMS, fields, c.err.data_ptr() if debug else 0),
                   [(k.data_ptr(), k_hi), span(sm)])
 
 

@@ -4,14 +4,16 @@ import dataclasses
 import pytest
 import torch
 
-from nvrtc_gather.jit import catalogue, compiler
+from nvrtc_gather.jit import compiler, spec
 from nvrtc_gather.errors import CompileError, MissingDependencyError
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+from nvrtc_gather import kernels
 
 CI_ARCHS = (80, 86, 89, 90, 100, 120)
 
 
 @pytest.mark.parametrize("cc", CI_ARCHS)
-@pytest.mark.parametrize("module", catalogue.ALL_MODULES, ids=lambda m: m.name)
+@pytest.mark.parametrize("module", kernels.ALL_MODULES, ids=lambda m: m.name)
 def test_every_module_compiles_to_a_cubin(module, cc):
     code = compiler.compile_module(module, compiler.Target(f"sm_{cc}"))
     assert code.image[:4] == b"\x7fELF"  # a cubin is an ELF image
@@ -23,7 +25,7 @@ def test_ptx_for_a_gpu_newer_than_nvrtc():
     newest = max(compiler.supported_archs())
     target = compiler.pick_target(newest + 50)
     assert target == compiler.Target(f"compute_{newest}") and target.is_ptx
-    code = compiler.compile_module(catalogue.GATHER, target)
+    code = compiler.compile_module(gather_kernels.MODULES[16], target)
     assert b".entry gather_indexer_k_v16" in code.image
 
 
@@ -38,7 +40,7 @@ def test_pick_target_rules():
 
 def test_compile_error_carries_the_log(monkeypatch):
     from nvrtc_gather.jit import sources
-    broken = dataclasses.replace(catalogue.GATHER, name="broken", source="broken.cu", kernels=("k",))
+    broken = dataclasses.replace(gather_kernels.MODULES[16], name="broken", source="broken.cu", entries=(spec.Entry("k"),))
     real = sources.read_source
     monkeypatch.setattr(sources, "read_source",
                         lambda n: 'extern "C" __global__ void k() { undeclared_thing(); }' if n == "broken.cu" else real(n))
@@ -57,7 +59,7 @@ def test_missing_nvrtc_says_what_to_install(monkeypatch):
     from cuda.bindings import nvrtc
     monkeypatch.setattr(nvrtc, "nvrtcCreateProgram", boom)
     with pytest.raises(MissingDependencyError, match="pip install .nvidia-cuda-nvrtc==13.\\*. \\(NVRTC for the installed cuda-bindings 13"):
-        compiler.compile_module(catalogue.GATHER, compiler.Target("sm_90"))
+        compiler.compile_module(gather_kernels.MODULES[16], compiler.Target("sm_90"))
 
 
 def test_no_gpu_driver_says_what_to_install():
@@ -70,28 +72,29 @@ def test_no_gpu_driver_says_what_to_install():
         pytest.skip("a CUDA driver is present on this machine")
 
 
-@pytest.mark.parametrize("module", catalogue.ALL_MODULES, ids=lambda m: m.name)
-def test_every_catalogued_entry_point_is_in_the_compiled_module(module):
+@pytest.mark.parametrize("module", kernels.ALL_MODULES, ids=lambda m: m.name)
+def test_every_entry_point_of_the_spec_is_in_the_compiled_module(module):
     image = compiler.compile_module(module, compiler.Target("sm_90")).image
     for name in module.kernels:
         assert b"\0" + name.encode() + b"\0" in image, name
 
 
-def test_ops_choose_only_catalogued_entry_points():
+def test_ops_choose_only_entry_points_of_their_modules():
     from nvrtc_gather.ops import gather, indexer_k_quant
-    plans = [gather.GatherPlan(0, vec, *[0] * 5, 0, 0, 0, 0, 1000, 1, 1, 1, 1, 128, 1, tpc)
-             for vec in (16, 8, 4) for tpc in (8, 128, 256)]
-    assert {gather.kernel_name(p) for p in plans} == set(catalogue.GATHER_ENTRIES.values())
-    qplans = [indexer_k_quant.QuantPlan(0, 10, 128, 128, 1, 64, 64, 0, 256, False, vec, 16, 0, 0, 0)
-              for vec in (16, 8, 0)]
-    chosen = {indexer_k_quant.launch_config(p, dt)[0] for p in qplans
-              for dt in (torch.bfloat16, torch.float16, torch.float32)}
-    assert chosen == set(catalogue.QUANT_ENTRIES.values())
+    base = gather.GatherPlan(**{f: 1 for f in gather.GatherPlan._fields})._replace(num_tokens=1000, head_dim=128)
+    chosen = {(p.vec, gather.launch_config(p).entry) for p in
+              (base._replace(vec=vec, tokens_per_cta=tpc) for vec in (16, 8, 4) for tpc in (8, 128, 256))}
+    assert chosen == {(vec, e) for vec, m in gather_kernels.MODULES.items() for e in m.kernels}
+    qbase = indexer_k_quant.QuantPlan(**{f: 1 for f in indexer_k_quant.QuantPlan._fields})._replace(
+        num_tokens=10, head_dim=128, quant_block_size=128, tokens_per_pass=16)
+    qchosen = {((t, vec), indexer_k_quant.launch_config(qbase._replace(k_type=t, vec=vec)).entry)
+               for t in quant_kernels.K_TYPES for vec in quant_kernels.VECTOR_WIDTHS}
+    assert qchosen == {(key, e) for key, m in quant_kernels.MODULES.items() for e in m.kernels}
 
 
 # A child process: compile GATHER's cubin and PTX in the working directory argv[1], write them to argv[2].
-_COMPILE_IN_CWD = ("import os, sys\nos.chdir(sys.argv[1])\nfrom nvrtc_gather.jit import catalogue, compiler\n"
-                   "images = [compiler.compile_module(catalogue.GATHER, compiler.Target(a)).image "
+_COMPILE_IN_CWD = ("import os, sys\nos.chdir(sys.argv[1])\nfrom nvrtc_gather.jit import compiler\nfrom nvrtc_gather.kernels import gather as gather_kernels\n"
+                   "images = [compiler.compile_module(gather_kernels.MODULES[16], compiler.Target(a)).image "
                    "for a in ('sm_90', 'compute_90')]\n"
                    "open(sys.argv[2], 'wb').write(images[0]); open(sys.argv[2] + '.ptx', 'wb').write(images[1])\n")
 

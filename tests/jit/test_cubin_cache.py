@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, runtime, sources
+from nvrtc_gather.jit import build, compiler, cubin_cache, runtime, sources
+from nvrtc_gather.kernels import gather as gather_kernels
+from nvrtc_gather import kernels
 
 T90 = compiler.Target("sm_90")
 
@@ -40,19 +42,19 @@ def test_key_is_length_prefixed_and_stable():
 
 
 def test_key_changes_with_source_options_and_arch(monkeypatch):
-    base = build.cache_key(catalogue.GATHER, T90)
-    assert build.cache_key(catalogue.GATHER, T90) == base
-    assert build.cache_key(catalogue.GATHER, compiler.Target("sm_80")) != base
-    m2 = dataclasses.replace(catalogue.GATHER, options=("-DX=1",))
+    base = build.cache_key(gather_kernels.MODULES[16], T90)
+    assert build.cache_key(gather_kernels.MODULES[16], T90) == base
+    assert build.cache_key(gather_kernels.MODULES[16], compiler.Target("sm_80")) != base
+    m2 = dataclasses.replace(gather_kernels.MODULES[16], options=("-DX=1",))
     assert build.cache_key(m2, T90) != base
     real = sources.read_source
     monkeypatch.setattr(sources, "read_source", lambda n: real(n) + "\n// edited")
-    assert build.cache_key(catalogue.GATHER, T90) != base
+    assert build.cache_key(gather_kernels.MODULES[16], T90) != base
 
 
 def test_key_has_no_install_path(monkeypatch, tmp_path):
     """The key depends on file contents, not where the package is installed."""
-    base = build.cache_key(catalogue.GATHER, T90)
+    base = build.cache_key(gather_kernels.MODULES[16], T90)
     copy = tmp_path / "elsewhere" / "cuda_src"
     copy.mkdir(parents=True)
     for p in sources.source_dir().iterdir():
@@ -60,7 +62,7 @@ def test_key_has_no_install_path(monkeypatch, tmp_path):
     monkeypatch.setattr(sources, "source_dir", lambda: copy)
     sources.read_source.cache_clear()
     try:
-        assert build.cache_key(catalogue.GATHER, T90) == base
+        assert build.cache_key(gather_kernels.MODULES[16], T90) == base
     finally:
         sources.read_source.cache_clear()
 
@@ -97,14 +99,14 @@ def test_any_bad_entry_is_a_miss(disk, damage):
 
 def test_bad_entry_is_recompiled_and_replaced(tmp_path):
     d = cubin_cache.DiskCache(tmp_path / "c")
-    first = build.build_image(catalogue.GATHER, T90, disk=d)
+    first = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
     assert not first.from_cache
-    path = d.path_for(build.entry_name(catalogue.GATHER, T90), first.key)
+    path = d.path_for(build.cache_name(gather_kernels.MODULES[16], T90), first.key)
     path.write_bytes(path.read_bytes()[:100])
     n = build.stats["compiles"]
-    again = build.build_image(catalogue.GATHER, T90, disk=d)
+    again = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
     assert not again.from_cache and build.stats["compiles"] == n + 1 and again.image == first.image
-    assert build.build_image(catalogue.GATHER, T90, disk=d).from_cache
+    assert build.build_image(gather_kernels.MODULES[16], T90, disk=d).from_cache
 
 
 def test_untrusted_directory_is_not_used(tmp_path, caplog):
@@ -134,7 +136,7 @@ def test_uncreatable_directory_falls_back_to_memory(tmp_path, caplog):
     d = cubin_cache.DiskCache(blocker / "sub")
     with logged_warning(caplog, "cannot create it"):
         assert d.get("m", "ab" * 32) is None
-    built = build.build_image(catalogue.GATHER, T90, disk=d)
+    built = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
     assert built.image[:4] == b"\x7fELF"
 
 
@@ -148,8 +150,8 @@ def test_environment_is_read_at_use(monkeypatch, tmp_path):
 
 
 def test_hit_in_a_new_process(tmp_path):
-    code = ("from nvrtc_gather.jit import build, catalogue, compiler;"
-            "r = build.build_image(catalogue.GATHER, compiler.Target('sm_86'));"
+    code = ("from nvrtc_gather.jit import build, compiler; from nvrtc_gather.kernels import gather as gather_kernels;"
+            "r = build.build_image(gather_kernels.MODULES[16], compiler.Target('sm_86'));"
             "print(r.from_cache, build.stats['compiles'])")
     env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=str(tmp_path))
     out = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
@@ -170,8 +172,8 @@ def test_refusing_disk_falls_back_to_memory_with_one_warning(tmp_path, monkeypat
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     d = cubin_cache.DiskCache(tmp_path / "c")
     with logged_warning(caplog, os.strerror(getattr(__import__("errno"), errno_name))):
-        built = build.build_image(catalogue.GATHER, T90, disk=d)
-    assert built.image[:4] == b"\x7fELF" and not d.entries()
+        built = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
+    assert built.image[:4] == b"\x7fELF" and not d.scan().images
 
 
 # -- integrity through build.build_image: nothing wrong is ever loaded ---------------
@@ -182,18 +184,18 @@ def ref():
     out = {}
     for arch in ("sm_90", "sm_80"):
         t = compiler.Target(arch)
-        out[arch] = (build.cache_key(catalogue.GATHER, t),
-                     build.build_image(catalogue.GATHER, t, use_default_cache=False).image)
+        out[arch] = (build.cache_key(gather_kernels.MODULES[16], t),
+                     build.build_image(gather_kernels.MODULES[16], t, use_default_cache=False).image)
     return out
 
 
 def _plant(d, ref, damage):
     """Put something wrong where the sm_90 entry belongs."""
     key, image = ref["sm_90"]
-    name = build.entry_name(catalogue.GATHER, T90)
+    name = build.cache_name(gather_kernels.MODULES[16], T90)
     d.usable()
     path = d.path_for(name, key)
-    good = cubin_cache.encode_entry(key, image)
+    good = cubin_cache.encode_image_file(key, image)
     if damage == "empty":
         path.write_bytes(b"")
     elif damage == "truncated":
@@ -202,10 +204,10 @@ def _plant(d, ref, damage):
         path.write_bytes(os.urandom(len(good)))
     elif damage == "other_arch":  # a whole, valid sm_80 entry renamed into the sm_90 slot
         key80, image80 = ref["sm_80"]
-        path.write_bytes(cubin_cache.encode_entry(key80, image80))
+        path.write_bytes(cubin_cache.encode_image_file(key80, image80))
     elif damage == "other_source":  # a valid entry of the same module built from other source/options
-        other = dataclasses.replace(catalogue.GATHER, options=("-DOTHER=1",))
-        path.write_bytes(cubin_cache.encode_entry(build.cache_key(other, T90), image[:-64] + bytes(64)))
+        other = dataclasses.replace(gather_kernels.MODULES[16], options=("-DOTHER=1",))
+        path.write_bytes(cubin_cache.encode_image_file(build.cache_key(other, T90), image[:-64] + bytes(64)))
     elif damage == "symlink":  # even to an intact entry: a symlinked entry is never followed
         elsewhere = d.directory.parent / "elsewhere.bin"
         elsewhere.write_bytes(good)
@@ -230,24 +232,24 @@ def test_damaged_entry_is_never_loaded_but_recompiled_and_replaced(tmp_path, ref
     d = cubin_cache.DiskCache(tmp_path / "c")
     path = _plant(d, ref, damage)
     n = build.stats["compiles"]
-    built = build.build_image(catalogue.GATHER, T90, disk=d)
+    built = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
     assert not built.from_cache and build.stats["compiles"] == n + 1
     assert built.image == ref["sm_90"][1]
     st = os.lstat(path)  # replaced by a regular file of ours, intact
     assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
-    assert build.build_image(catalogue.GATHER, T90, disk=d).from_cache
+    assert build.build_image(gather_kernels.MODULES[16], T90, disk=d).from_cache
     if damage == "symlink":
-        assert (tmp_path / "elsewhere.bin").read_bytes() == cubin_cache.encode_entry(*ref["sm_90"])  # target untouched
+        assert (tmp_path / "elsewhere.bin").read_bytes() == cubin_cache.encode_image_file(*ref["sm_90"])  # target untouched
 
 
 def test_entries_report_each_problem(tmp_path, ref):
     d = cubin_cache.DiskCache(tmp_path / "c")
     path = _plant(d, ref, "truncated")
     (d.directory / "stray.bin").write_bytes(b"x")
-    by_name = {e.path.name: e for e in d.entries()}
+    by_name = {e.path.name: e for e in d.scan().images}
     assert by_name[path.name].problem == "truncated" and by_name[path.name].arch == "sm_90"
-    assert by_name[path.name].module == catalogue.GATHER.name
-    assert "stray.bin" not in by_name and d.foreign() == [d.directory / "stray.bin"]  # not ours: never judged
+    assert by_name[path.name].module == gather_kernels.MODULES[16].name
+    assert "stray.bin" not in by_name and d.scan().foreign == ["stray.bin"]  # not ours: never judged
 
 
 # -- hostile or broken places: the op still works, one warning, nothing written ----------
@@ -259,10 +261,10 @@ def test_directory_owned_by_another_user_is_not_used(tmp_path, caplog):
     os.chown(other, 65534, 65534)
     d = cubin_cache.DiskCache(other)
     with logged_warning(caplog, "owned by uid 65534"):
-        built = build.build_image(catalogue.GATHER, T90, disk=d)
+        built = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
     assert built.image[:4] == b"\x7fELF" and os.listdir(other) == []
     with logged_warning(caplog, None):  # warned once only
-        build.build_image(catalogue.GATHER, T90, disk=d)
+        build.build_image(gather_kernels.MODULES[16], T90, disk=d)
 
 
 def test_symlinked_directory_is_judged_by_its_target(tmp_path, caplog):
@@ -294,8 +296,8 @@ def test_full_disk_during_write_leaves_no_temp_file(tmp_path, monkeypatch, caplo
     monkeypatch.setattr(os, "fsync", full)
     d = cubin_cache.DiskCache(tmp_path / "c")
     with logged_warning(caplog, "No space left"):  # once, for both builds
-        built = build.build_image(catalogue.GATHER, T90, disk=d)
-        build.build_image(catalogue.GATHER, compiler.Target("sm_80"), disk=d)
+        built = build.build_image(gather_kernels.MODULES[16], T90, disk=d)
+        build.build_image(gather_kernels.MODULES[16], compiler.Target("sm_80"), disk=d)
     assert built.image[:4] == b"\x7fELF"
     assert all(n.endswith(".lock") for n in os.listdir(d.directory))  # no entry, no temp file
 
@@ -310,7 +312,7 @@ def test_read_only_file_system_at_mkdir(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(Path, "mkdir", ro)
     d = cubin_cache.DiskCache(tmp_path / "new")
     with logged_warning(caplog, "Read-only file system"):
-        assert build.build_image(catalogue.GATHER, T90, disk=d).image[:4] == b"\x7fELF"
+        assert build.build_image(gather_kernels.MODULES[16], T90, disk=d).image[:4] == b"\x7fELF"
 
 
 def test_directory_removed_while_running_is_recreated(tmp_path):
@@ -327,7 +329,7 @@ def test_disabled_cache_touches_no_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("NVRTC_GATHER_CACHE_DIR", str(tmp_path / "never"))
     monkeypatch.setenv("NVRTC_GATHER_DISABLE_CACHE", "yes")
     n = build.stats["compiles"]
-    assert not build.build_image(catalogue.GATHER, T90).from_cache
+    assert not build.build_image(gather_kernels.MODULES[16], T90).from_cache
     assert build.stats["compiles"] == n + 1 and not (tmp_path / "never").exists()
 
 
@@ -344,19 +346,20 @@ def test_fifo_entry_does_not_block_a_reader(tmp_path):
     d.usable()
     os.mkfifo(d.path_for("m", "ab" * 32))
     assert d.get("m", "ab" * 32) is None
-    assert cubin_cache.read_entry_file(d.path_for("m", "ab" * 32)) == (None, "not a regular file")
+    assert cubin_cache.read_image_file(d.path_for("m", "ab" * 32)) == (None, "not a regular file")
 
 
 def test_warm_target_lookup_does_not_load_nvrtc(tmp_path):
     """A fresh process whose cache holds the exact arch's cubin finds it without asking
     NVRTC anything (loading it costs ~50 ms; torch's CUDA build may map the library anyway)."""
-    code = ("from nvrtc_gather.jit import build, catalogue, compiler;"
-            "t, built = build.image_for_gpu(catalogue.GATHER, 90); assert built.from_cache;"
-            "print(t.arch, compiler.nvrtc_version.cache_info().currsize + "
+    code = ("from nvrtc_gather.jit import build, compiler; from nvrtc_gather.kernels import gather as gather_kernels;"
+            "image = build.image_for(gather_kernels.MODULES[16], 90, lambda image: image);"
+            "assert image[:4] == b'\\x7fELF' and build.stats['disk_hits'] == 1 and build.stats['compiles'] == 0;"
+            "print('sm_90', compiler.nvrtc_version.cache_info().currsize + "
             "compiler.supported_archs.cache_info().currsize)")
     env = dict(os.environ, NVRTC_GATHER_CACHE_DIR=str(tmp_path))
-    subprocess.run([sys.executable, "-c", "from nvrtc_gather.jit import build, catalogue, compiler;"
-                    "build.build_image(catalogue.GATHER, compiler.Target('sm_90'))"], env=env, check=True)
+    subprocess.run([sys.executable, "-c", "from nvrtc_gather.jit import build, compiler; from nvrtc_gather.kernels import gather as gather_kernels;"
+                    "build.build_image(gather_kernels.MODULES[16], compiler.Target('sm_90'))"], env=env, check=True)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     if compiler.compiler_identity().startswith("nvrtc "):
         pytest.skip("NVRTC is not installed from the nvidia-cuda-nvrtc wheel here")
@@ -368,8 +371,8 @@ def test_warm_target_lookup_does_not_load_nvrtc(tmp_path):
 def test_entry_cap_is_fitted_to_real_entries():
     """The cap is a few MiB: far above the largest real entry, far below what hurts."""
     biggest = max(len(build.build_image(m, compiler.Target(a)).image)
-                  for m in catalogue.ALL_MODULES for a in ("sm_90", "sm_100"))
-    assert 4 * biggest <= cubin_cache.MAX_ENTRY_BYTES <= 16 << 20
+                  for m in kernels.ALL_MODULES for a in ("sm_90", "sm_100"))
+    assert 4 * biggest <= cubin_cache.MAX_IMAGE_BYTES <= 16 << 20
 
 
 def _sparse(path, size):
@@ -396,12 +399,12 @@ def test_huge_sparse_entry_is_refused_from_its_size_before_reading(tmp_path):
     d.usable()
     size = (16 << 20) + 1  # just over the cap (at most 16 MiB: test_entry_cap_is_fitted_to_real_entries)
     path = _sparse(d.path_for("m-sm_90", "ab" * 32), size)
-    (blob, problem), peak, took = _peak_memory_and_time(lambda: cubin_cache.read_entry_file(path))
+    (blob, problem), peak, took = _peak_memory_and_time(lambda: cubin_cache.read_image_file(path))
     assert blob is None and problem.startswith("too large") and str(size) in problem
     assert peak < 1 << 20 and took < 1.0
     got, peak, took = _peak_memory_and_time(lambda: d.get("m-sm_90", "ab" * 32))
     assert got is None and peak < 1 << 20 and took < 1.0
-    (info,), peak, took = _peak_memory_and_time(d.entries)  # what `cache list` / `verify` see
+    (info,), peak, took = _peak_memory_and_time(lambda: d.scan().images)  # what `cache list` / `verify` see
     assert info.problem.startswith("too large") and info.size == size and peak < 1 << 20 and took < 1.0
 
 
@@ -421,14 +424,14 @@ def test_a_file_growing_past_the_cap_is_read_no_further(tmp_path, monkeypatch):
     reads = []
     real_read = os.read
     monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
-    (blob, problem), peak, _ = _peak_memory_and_time(lambda: cubin_cache.read_entry_file(path))
+    (blob, problem), peak, _ = _peak_memory_and_time(lambda: cubin_cache.read_image_file(path))
     assert blob is None and problem.startswith("too large")
-    assert sum(reads) == cubin_cache.MAX_ENTRY_BYTES + 1 and max(reads) <= 1 << 20  # bounded chunks
-    assert peak < 3 * cubin_cache.MAX_ENTRY_BYTES
+    assert sum(reads) == cubin_cache.MAX_IMAGE_BYTES + 1 and max(reads) <= 1 << 20  # bounded chunks
+    assert peak < 3 * cubin_cache.MAX_IMAGE_BYTES
 
 
 def test_an_entry_at_the_cap_is_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(cubin_cache, "MAX_ENTRY_BYTES", 4096)
+    monkeypatch.setattr(cubin_cache, "MAX_IMAGE_BYTES", 4096)
     d = cubin_cache.DiskCache(tmp_path / "c")
     payload = b"p" * (4096 - cubin_cache._HEADER.size)
     assert d.put("m-sm_90", "ab" * 32, payload) and d.get("m-sm_90", "ab" * 32) == payload
@@ -448,7 +451,7 @@ FOREIGN_NAMES = ["firmware.bin", "app.lock", "x.bin.lock", ".foo.bin.x.tmp", "no
 
 
 @pytest.mark.parametrize("name, kind", [
-    (ENTRY, "entry"), (ENTRY + ".lock", "lock"), (f".{ENTRY}.k3_j4x9z.tmp", "temp"),
+    (ENTRY, "image"), (ENTRY + ".lock", "lock"), (f".{ENTRY}.k3_j4x9z.tmp", "temp"),
     *[(n, None) for n in FOREIGN_NAMES]])
 def test_name_kind(name, kind):
     assert cubin_cache.name_kind(name) == kind
@@ -504,4 +507,4 @@ def test_clear_removes_only_the_caches_own_files(tmp_path, via_symlink):
     assert _snapshot(real) == before  # every foreign file, byte for byte, and the subdirectories
     assert real.is_dir() and (not via_symlink or (tmp_path / "link").is_symlink())
     assert sorted(removal.removed) == ours and removal.failed == []
-    assert sorted(p.name for p in d.foreign()) == foreign and d.entries() == []
+    assert sorted(d.scan().foreign) == foreign and d.scan().images == []

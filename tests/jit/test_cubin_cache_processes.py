@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, runtime
+from nvrtc_gather.jit import build, compiler, cubin_cache, runtime
+from nvrtc_gather.kernels import gather as gather_kernels
+from nvrtc_gather import kernels
 
 ARCHS = ("sm_80", "sm_90")
 N_PROCS = 16
@@ -44,7 +46,7 @@ def _names(directory):
     return sorted(os.listdir(directory))
 
 
-def _race(ctx, tmp_path, use_lock, n_procs, archs, modules=catalogue.ALL_MODULES):
+def _race(ctx, tmp_path, use_lock, n_procs, archs, modules=kernels.ALL_MODULES):
     """n_procs processes released together on an empty cache, each building ``modules``
     for ``archs``; checks the end state, returns (total compiles, number of entries)."""
     from helpers import cache_workers
@@ -60,7 +62,7 @@ def _race(ctx, tmp_path, use_lock, n_procs, archs, modules=catalogue.ALL_MODULES
     for pair in pairs:
         assert len({r["images"][pair] for r in results}) == 1
     # exactly one intact entry per (module, arch), no temp file left
-    entries = cubin_cache.DiskCache(d).entries()
+    entries = cubin_cache.DiskCache(d).scan().images
     assert sorted(f"{e.module}-{e.arch}" for e in entries) == sorted(pairs)
     assert all(e.valid for e in entries)
     assert not [n for n in _names(d) if n.endswith(cubin_cache.TMP_SUFFIX)]
@@ -75,7 +77,7 @@ def test_many_processes_on_an_empty_cache_compile_each_entry_once(ctx, tmp_path)
 
 def test_correctness_does_not_depend_on_the_lock(ctx, tmp_path):
     # without the lock every process may compile: 8 processes x 1 entry keeps that cheap on 2 cores
-    compiles, pairs = _race(ctx, tmp_path, False, 8, ARCHS[:1], (catalogue.GATHER,))
+    compiles, pairs = _race(ctx, tmp_path, False, 8, ARCHS[:1], (gather_kernels.MODULES[16],))
     assert pairs <= compiles <= 8 * pairs
 
 
@@ -93,23 +95,23 @@ def test_writer_killed_mid_write_leaves_nothing_loadable(ctx, tmp_path):
         p.join(30)
     assert p.exitcode == -signal.SIGKILL
     target = compiler.Target("sm_90")
-    name = build.entry_name(catalogue.GATHER, target)
-    key = build.cache_key(catalogue.GATHER, target)
+    name = build.cache_name(gather_kernels.MODULES[16], target)
+    key = build.cache_key(gather_kernels.MODULES[16], target)
     disk = cubin_cache.DiskCache(d)
-    temps = disk.temp_files()
+    temps = disk.scan().temps
     assert len(temps) == 1 and not disk.path_for(name, key).exists()
-    assert disk.get(name, key) is None and disk.entries() == []
+    assert disk.get(name, key) is None and disk.scan().images == []
 
     # a later process compiles and publishes; a fresh temp file may be a live writer's: kept
     n = build.stats["compiles"]
-    assert not build.build_image(catalogue.GATHER, target, disk=disk).from_cache
-    assert build.stats["compiles"] == n + 1 and [e.valid for e in disk.entries()] == [True]
-    assert disk.temp_files() == temps
+    assert not build.build_image(gather_kernels.MODULES[16], target, disk=disk).from_cache
+    assert build.stats["compiles"] == n + 1 and [e.valid for e in disk.scan().images] == [True]
+    assert disk.scan().temps == temps
     # once old, the next process's first put removes it
     old = time.time() - cubin_cache.STALE_TMP_S - 60
-    os.utime(temps[0], (old, old))
+    os.utime(disk.directory / temps[0], (old, old))
     assert cubin_cache.DiskCache(d).put("other", "ab" * 32, b"x")
-    assert cubin_cache.DiskCache(d).temp_files() == []
+    assert cubin_cache.DiskCache(d).scan().temps == []
 
 
 def test_clear_removes_leftover_temp_files(tmp_path):
@@ -126,18 +128,18 @@ def test_a_stuck_lock_holder_only_delays(tmp_path, monkeypatch):
     monkeypatch.setattr(cubin_cache, "LOCK_TIMEOUT_S", 0.3)
     disk = cubin_cache.DiskCache(tmp_path / "c")
     target = compiler.Target("sm_90")
-    lock_path = str(disk.path_for(build.entry_name(catalogue.GATHER, target),
-                                  build.cache_key(catalogue.GATHER, target))) + cubin_cache.LOCK_SUFFIX
+    lock_path = str(disk.path_for(build.cache_name(gather_kernels.MODULES[16], target),
+                                  build.cache_key(gather_kernels.MODULES[16], target))) + cubin_cache.LOCK_SUFFIX
     disk.usable()
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: conflicts even in-process
         t0 = time.monotonic()
-        built = build.build_image(catalogue.GATHER, target, disk=disk)
+        built = build.build_image(gather_kernels.MODULES[16], target, disk=disk)
         assert 0.3 <= time.monotonic() - t0 < 30 and not built.from_cache
     finally:
         os.close(fd)
-    assert build.build_image(catalogue.GATHER, target, disk=disk).from_cache
+    assert build.build_image(gather_kernels.MODULES[16], target, disk=disk).from_cache
 
 
 def test_threads_of_one_process_compile_once(tmp_path):
@@ -145,7 +147,7 @@ def test_threads_of_one_process_compile_once(tmp_path):
     target = compiler.Target("sm_86")
     n = build.stats["compiles"]
     results = []
-    threads = [threading.Thread(target=lambda: results.append(build.build_image(catalogue.GATHER, target, disk=disk)))
+    threads = [threading.Thread(target=lambda: results.append(build.build_image(gather_kernels.MODULES[16], target, disk=disk)))
                for _ in range(8)]
     for t in threads:
         t.start()

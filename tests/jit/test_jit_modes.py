@@ -4,12 +4,13 @@ import logging
 
 import pytest
 
-from nvrtc_gather.jit import build, catalogue, compiler, cubin_cache, runtime
+from nvrtc_gather.jit import build, compiler, cubin_cache, runtime
 from nvrtc_gather.errors import JitDisabledError
+from nvrtc_gather.kernels import gather as gather_kernels
 
 T90 = compiler.Target("sm_90")
 # The smallest module keeps these tests fast; every module goes through the same path.
-MODULE = catalogue.GATHER
+MODULE = gather_kernels.MODULES[16]
 
 
 def test_compile_logs_info_and_a_hit_logs_debug(tmp_path, caplog):

@@ -5,7 +5,8 @@ import ctypes
 import pytest
 
 from nvrtc_gather.errors import CudaError
-from nvrtc_gather.jit import build, catalogue, cubin_cache, driver, runtime
+from nvrtc_gather.jit import build, cubin_cache, driver, runtime
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
 
 
 class FakeDriver:
@@ -15,7 +16,7 @@ class FakeDriver:
     def __init__(self):
         self.loaded, self.bad, self.current, self.pushed = [], set(), 0, []
         self.launches, self.fetch_ctx = [], []
-        self.grid, self.params = None, b""  # of the last launch
+        self.grid, self.block, self.params = None, None, b""  # of the last launch
         self.on_launch = None  # what the "kernel" does
 
     def load_library(self, image):
@@ -47,6 +48,7 @@ class FakeDriver:
     def launch_ex(self, cfg, fn, params, extra):
         self.launches.append((self.pushed[-1] if self.pushed else self.current, fn))
         self.grid = driver.LaunchConfig.from_address(cfg).gridDimX
+        self.block = driver.LaunchConfig.from_address(cfg).blockDimX
         # params: the address of a void*[1] pointing at the packed struct; keep its head
         self.params = ctypes.string_at(ctypes.c_void_p.from_address(params).value, 256)
         if self.on_launch:
@@ -76,8 +78,8 @@ def _forget_loaded(monkeypatch):
 
 def test_cold_then_warm_reads_the_cache_entry_once(fake, monkeypatch):
     before = dict(build.stats)
-    fns = runtime.load(catalogue.GATHER, 0).functions
-    assert set(fns) == set(catalogue.GATHER.kernels) and len(fake.loaded) == 1
+    fns = runtime.load(gather_kernels.MODULES[16], 0).functions
+    assert set(fns) == set(gather_kernels.MODULES[16].kernels) and len(fake.loaded) == 1
     assert build.stats["compiles"] == before["compiles"] + 1
 
     _forget_loaded(monkeypatch)
@@ -85,46 +87,49 @@ def test_cold_then_warm_reads_the_cache_entry_once(fake, monkeypatch):
     real_get = cubin_cache.DiskCache.get
     monkeypatch.setattr(cubin_cache.DiskCache, "get", lambda self, n, k: reads.append(n) or real_get(self, n, k))
     compiles = build.stats["compiles"]
-    runtime.load(catalogue.GATHER, 0)
+    runtime.load(gather_kernels.MODULES[16], 0)
     assert build.stats["compiles"] == compiles
-    assert reads == [build.entry_name(catalogue.GATHER, build.compiler.Target("sm_90"))]
+    assert reads == [build.cache_name(gather_kernels.MODULES[16], build.compiler.Target("sm_90"))]
     assert fake.loaded[1] == fake.loaded[0]
 
 
 def test_cached_image_the_driver_refuses_is_recompiled_and_replaced(fake, monkeypatch):
-    runtime.load(catalogue.GATHER, 0)
+    runtime.load(gather_kernels.MODULES[16], 0)
     target = build.compiler.Target("sm_90")
-    key = build.cache_key(catalogue.GATHER, target)
+    key = build.cache_key(gather_kernels.MODULES[16], target)
     disk = cubin_cache.current()
-    good = disk.get(build.entry_name(catalogue.GATHER, target), key)
+    good = disk.get(build.cache_name(gather_kernels.MODULES[16], target), key)
     # An intact entry (right key, right checksum) holding code the driver will not take.
-    disk.put(build.entry_name(catalogue.GATHER, target), key, b"\x7fELF not really a cubin")
+    disk.put(build.cache_name(gather_kernels.MODULES[16], target), key, b"\x7fELF not really a cubin")
     fake.bad.add(b"\x7fELF not really a cubin")
     _forget_loaded(monkeypatch)
     compiles = build.stats["compiles"]
-    fns = runtime.load(catalogue.GATHER, 0).functions
-    assert build.stats["compiles"] == compiles + 1 and set(fns) == set(catalogue.GATHER.kernels)
-    assert disk.get(build.entry_name(catalogue.GATHER, target), key) == good
+    fns = runtime.load(gather_kernels.MODULES[16], 0).functions
+    assert build.stats["compiles"] == compiles + 1 and set(fns) == set(gather_kernels.MODULES[16].kernels)
+    assert disk.get(build.cache_name(gather_kernels.MODULES[16], target), key) == good
 
 
 def test_launch_pushes_the_primary_context_only_when_another_is_current(fake):
-    on0, on1 = runtime.load(catalogue.GATHER, 0), runtime.load(catalogue.GATHER, 1)
-    entry = catalogue.GATHER.kernels[0]
-    values = (0,) * (len(catalogue.GATHER_PARAMS.fields) - 1)
+    on0, on1 = runtime.load(gather_kernels.MODULES[16], 0), runtime.load(gather_kernels.MODULES[16], 1)
+    entry = gather_kernels.MODULES[16].kernels[0]
+    pack = gather_kernels.PARAMS.packer(**{n: 0 for n in gather_kernels.PARAMS.names if n != "error"})
+
+    def fill(buf, error):
+        pack(buf, error=error)
     fake.current = 7  # device 0's primary context is current
-    on0.launch(entry, 3, values, 0)
+    on0.launch(entry, 3, 0, fill)
     fake.current = 7  # tensors on device 1 while device 0 is current
-    on1.launch(entry, 3, values, 0)
+    on1.launch(entry, 3, 0, fill)
     fake.current = 0  # a thread where no context is current
-    on0.launch(entry, 3, values, 0)
+    on0.launch(entry, 3, 0, fill)
     assert fake.launches == [(7, on0.functions[entry]), (8, on1.functions[entry]), (7, on0.functions[entry])]
     assert fake.pushed == []  # every push popped
 
 
 def test_kernels_are_fetched_in_the_devices_primary_context(fake):
     fake.current = 7  # device 0's context is current; the kernels are wanted on device 1
-    runtime.load(catalogue.GATHER, 1)
-    assert fake.fetch_ctx == [8] * len(catalogue.GATHER.kernels) and fake.pushed == []
+    runtime.load(gather_kernels.MODULES[16], 1)
+    assert fake.fetch_ctx == [8] * len(gather_kernels.MODULES[16].kernels) and fake.pushed == []
 
 
 def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
@@ -145,20 +150,21 @@ def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
     monkeypatch.setattr(gather, "plan_gather", lambda *a: plan)
     monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
     gather.cp_gather_indexer_k_quant_cache(*c.args())
-    name, grid, values = gather.launch_config(plan)
-    layout = catalogue.GATHER_PARAMS.layout
-    assert fake.launches[-1] == (7, runtime.load(catalogue.GATHER_MODULES[plan.vec], 0).functions[name])
-    assert (fake.grid, fake.params[:layout.size]) == (grid, layout.pack(*values, 0))
+    name, grid, fields = gather.launch_config(plan)
+    params = gather_kernels.PARAMS
+    assert fake.launches[-1] == (7, runtime.load(gather_kernels.MODULES[plan.vec], 0).functions[name])
+    assert (fake.grid, fake.block, fake.params[:params.layout.size]) == (grid, gather_kernels.THREADS,
+                                                                          params.pack(**fields, error=0))
 
     q = make_quant_case(random.Random(2), head_dim=128, quant_block_size=64, block_size=16,
                         dtype=torch.bfloat16, scale_fmt="ue8m0", num_tokens=20)
     qplan = indexer_k_quant.plan_quant(*q.args())._replace(device=0)
     monkeypatch.setattr(indexer_k_quant, "plan_quant", lambda *a: qplan)
     indexer_k_quant.indexer_k_quant_and_cache(*q.args())
-    name, grid, qvalues = indexer_k_quant.launch_config(qplan, torch.bfloat16)
-    qlayout = catalogue.QUANT_PARAMS.layout
-    assert fake.launches[-1] == (7, runtime.load(catalogue.QUANT, 0).functions[name])
-    assert (fake.grid, fake.params[:qlayout.size]) == (grid, qlayout.pack(*qvalues, 0))
+    name, grid, qfields = indexer_k_quant.launch_config(qplan)
+    qparams = quant_kernels.PARAMS
+    assert fake.launches[-1] == (7, runtime.load(quant_kernels.MODULES["bf16", 16], 0).functions[name])
+    assert (fake.grid, fake.params[:qparams.layout.size]) == (grid, qparams.pack(**qfields, error=0))
 
     # Debug mode: the error buffer's address goes into the struct, and an error the kernel
     # records there is raised.
@@ -168,12 +174,12 @@ def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
     fake.on_launch = lambda: err.copy_(torch.tensor([3, 21, 2, 10 ** 6]))
     with pytest.raises(ValueError, match="row 21 .request 2. maps to physical block 1000000"):
         gather.cp_gather_indexer_k_quant_cache(*c.args())
-    assert fake.params[:layout.size] == layout.pack(*values, err.data_ptr())
+    assert fake.params[:params.layout.size] == params.pack(**fields, error=err.data_ptr())
     err.zero_()
     fake.on_launch = lambda: err.copy_(torch.tensor([7, 5, 99999, 640]))
     with pytest.raises(ValueError, match="slot_mapping: entry 5 = 99999"):
         indexer_k_quant.indexer_k_quant_and_cache(*q.args())
-    assert fake.params[:qlayout.size] == qlayout.pack(*qvalues, err.data_ptr())
+    assert fake.params[:qparams.layout.size] == qparams.pack(**qfields, error=err.data_ptr())
     err.zero_()
     fake.on_launch = None
     gather.cp_gather_indexer_k_quant_cache(*c.args())  # nothing recorded: no error
@@ -195,7 +201,7 @@ def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monk
         return real_plan(*args)._replace(device=0, tokens_per_cta=8)
     monkeypatch.setattr(gather, "plan_gather", plan_on_device_0)
     monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
-    monkeypatch.setattr(gather, "_known", {})
+    monkeypatch.setattr(gather, "_layouts", gather.LayoutMemo())
     fake.current = 7
 
     kv = torch.randint(0, 256, (6, 16, 132), dtype=torch.uint8)
@@ -209,20 +215,20 @@ def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monk
 
     def expected(dst_k):
         plan = real_plan(kv, dst_k, scales, bt, cu)._replace(device=0, tokens_per_cta=8)
-        name, grid, values = gather.launch_config(plan)
-        function = runtime.load(catalogue.GATHER_MODULES[plan.vec], 0).functions[name]
-        return (7, function), grid, catalogue.GATHER_PARAMS.layout.pack(*values, 0)
+        name, grid, fields = gather.launch_config(plan)
+        function = runtime.load(gather_kernels.MODULES[plan.vec], 0).functions[name]
+        return (7, function), grid, gather_kernels.PARAMS.pack(**fields, error=0)
 
     def last_launch():
-        return fake.launches[-1], fake.grid, fake.params[:catalogue.GATHER_PARAMS.layout.size]
+        return fake.launches[-1], fake.grid, fake.params[:gather_kernels.PARAMS.layout.size]
 
     gather.cp_gather_indexer_k_quant_cache(kv, dst_at(0), scales, bt, cu)  # validated in full, remembered
-    assert len(planned) == 1 and len(gather._known) == 1 and last_launch() == expected(dst_at(0))
+    assert len(planned) == 1 and len(gather._layouts) == 1 and last_launch() == expected(dst_at(0))
     for offset, vec in ((0, 16), (32, 16), (8, 8), (4, 4)):  # same metadata, new pointers: the fast path
         gather.cp_gather_indexer_k_quant_cache(kv, dst_at(offset), scales, bt, cu)
         assert len(planned) == 1, "the fast path was not taken"
         assert last_launch() == expected(dst_at(offset))
-        tiny = runtime.load(catalogue.GATHER_MODULES[vec], 0).functions[catalogue.GATHER_ENTRIES[vec, "tiny"]]
+        tiny = runtime.load(gather_kernels.MODULES[vec], 0).functions[gather_kernels.entry_name(vec, "tiny")]
         assert fake.launches[-1][1] == tiny
     launches = len(fake.launches)
     with pytest.raises(ValueError, match="dst_k: data pointer"):  # misaligned: checked again, in full
@@ -231,3 +237,57 @@ def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monk
     with pytest.raises(ValueError, match="dst_k: its memory overlaps kv_cache"):
         gather.cp_gather_indexer_k_quant_cache(kv, overlapping, scales, bt, cu)
     assert len(fake.launches) == launches and len(planned) == 3
+
+
+def test_write_op_fast_path_launches_exactly_what_the_full_checks_would(fake, monkeypatch):
+    """The write op shares the gather's layout fast path: remembered by its metadata (and
+    quant_block_size, scale_fmt); a later call with new pointers launches what plan_quant would
+    (vector width from k's new alignment included); pointers the checks reject still raise."""
+    import torch
+
+    from nvrtc_gather.ops import indexer_k_quant
+
+    real_plan = indexer_k_quant.plan_quant
+    planned = []
+
+    def plan_on_device_0(*args):
+        planned.append(1)
+        return real_plan(*args)._replace(device=0)
+    monkeypatch.setattr(indexer_k_quant, "plan_quant", plan_on_device_0)
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(indexer_k_quant, "_layouts", indexer_k_quant.LayoutMemo())
+    fake.current = 7
+
+    kv = torch.zeros(8, 16, 132, dtype=torch.uint8)
+    slots = torch.arange(40, dtype=torch.int64)
+    store = torch.zeros(40 * 128 + 32, dtype=torch.bfloat16)
+
+    def k_at(offset):
+        return store[offset: offset + 40 * 128].view(40, 128)
+
+    def expected(k):
+        plan = real_plan(k, kv, slots, 128, "ue8m0")._replace(device=0)
+        name, grid, fields = indexer_k_quant.launch_config(plan)
+        function = runtime.load(quant_kernels.MODULES["bf16", plan.vec], 0).functions[name]
+        return (7, function), grid, quant_kernels.PARAMS.pack(**fields, error=0)
+
+    def last_launch():
+        return fake.launches[-1], fake.grid, fake.params[:quant_kernels.PARAMS.layout.size]
+
+    indexer_k_quant.indexer_k_quant_and_cache(k_at(0), kv, slots, 128, "ue8m0")
+    assert len(planned) == 1 and len(indexer_k_quant._layouts) == 1 and last_launch() == expected(k_at(0))
+    for offset, vec in ((8, 16), (4, 8), (1, 0), (0, 16)):  # bf16 elements: 16, 8, 2, 0 bytes off
+        indexer_k_quant.indexer_k_quant_and_cache(k_at(offset), kv, slots, 128, "ue8m0")
+        assert len(planned) == 1, "the fast path was not taken"
+        assert last_launch() == expected(k_at(offset))
+        assert fake.launches[-1][1] == runtime.load(quant_kernels.MODULES["bf16", vec], 0).functions[
+            quant_kernels.entry_name("bf16", vec)]
+    indexer_k_quant.indexer_k_quant_and_cache(k_at(0), kv, slots, 128, "fp8_e4m3")  # another layout
+    assert len(planned) == 2
+    launches = len(fake.launches)
+    with pytest.raises(ValueError, match="kv_cache: its memory overlaps k"):
+        indexer_k_quant.indexer_k_quant_and_cache(kv.view(-1)[:40 * 256].view(torch.bfloat16).view(40, 128), kv,
+                                                  slots, 128, "ue8m0")
+    with pytest.raises(TypeError, match="quant_block_size"):  # True == 1 must not hit a layout of 1
+        indexer_k_quant.indexer_k_quant_and_cache(k_at(0), kv, slots, True, "ue8m0")
+    assert len(fake.launches) == launches

@@ -100,7 +100,7 @@ def test_fp8_kv_cache_dtype_is_accepted():
 
 
 def test_rows_per_block():
-    from nvrtc_gather.ops.gather import tokens_per_cta
+    from nvrtc_gather.kernels.gather import tokens_per_cta
     assert tokens_per_cta(128, 950000, 132) == 128   # big calls: 16 KiB of fp8 data per block
     assert tokens_per_cta(512, 10 ** 6, 132) == 32
     assert tokens_per_cta(128, 1000, 132) == 8       # small calls: spread over the SMs, >= 8 rows
@@ -117,13 +117,11 @@ def test_rows_per_block():
 
 
 def test_each_block_shape_has_its_kernel():
-    from nvrtc_gather.ops.gather import GatherPlan, kernel_name
-    def plan(vec, tpc, head_dim):
-        return GatherPlan(0, vec, *([0] * 14), head_dim, 1, tpc)
-    assert kernel_name(plan(16, 128, 128)) == "gather_indexer_k_v16"
-    assert kernel_name(plan(4, 76, 128)) == "gather_indexer_k_v4"
-    assert kernel_name(plan(16, 256, 128)) == "gather_indexer_k_v16_wide"
-    assert kernel_name(plan(8, 64, 512)) == "gather_indexer_k_v8_wide"
-    assert kernel_name(plan(16, 256, 64)) == "gather_indexer_k_v16"
-    assert kernel_name(plan(4, 8, 128)) == "gather_indexer_k_v4_tiny"   # small calls: a warp per row
-    assert kernel_name(plan(16, 8, 2048)) == "gather_indexer_k_v16"     # 8 rows of 2 KiB: a full block
+    from nvrtc_gather.kernels.gather import entry_for
+    assert entry_for(16, 128, 128) == "gather_indexer_k_v16"
+    assert entry_for(4, 76, 128) == "gather_indexer_k_v4"
+    assert entry_for(16, 256, 128) == "gather_indexer_k_v16_wide"
+    assert entry_for(8, 64, 512) == "gather_indexer_k_v8_wide"
+    assert entry_for(16, 256, 64) == "gather_indexer_k_v16"
+    assert entry_for(4, 8, 128) == "gather_indexer_k_v4_tiny"   # small calls: a warp per row
+    assert entry_for(16, 8, 2048) == "gather_indexer_k_v16"     # 8 rows of 2 KiB: a full block

@@ -54,7 +54,7 @@ def test_wheel_ships_the_package_and_kernels_only(dists):
     wheel, _ = dists
     names = zipfile.ZipFile(wheel).namelist()
     for need in ("nvrtc_gather/__init__.py", "nvrtc_gather/py.typed", "nvrtc_gather/ops/gather.py",
-                 "nvrtc_gather/jit/runtime.py", "nvrtc_gather/cli/__init__.py", "nvrtc_gather/integrations/vllm.py",
+                 "nvrtc_gather/jit/runtime.py", "nvrtc_gather/kernels/gather.py", "nvrtc_gather/cli/__init__.py", "nvrtc_gather/integrations/vllm.py",
                  "nvrtc_gather/cuda_src/gather_indexer_k.cu", "nvrtc_gather/cuda_src/common.cuh"):
         assert need in names, need
     assert not [n for n in names if n.startswith(("benchmarks/", "tests/")) or "bench" in n.split("/")[-1]], names
@@ -82,9 +82,9 @@ def test_installed_wheel_works_on_its_own(dists, tmp_path):
                    check=True, timeout=300)
     code = ("import sys, nvrtc_gather, nvrtc_gather.cli as cli\n"
             f"assert nvrtc_gather.__file__.startswith({str(target)!r}), nvrtc_gather.__file__\n"
-            "from nvrtc_gather.jit import catalogue, compiler, sources\n"
+            "from nvrtc_gather.jit import compiler, sources\nfrom nvrtc_gather.kernels import gather as gather_kernels\n"
             f"assert str(sources.source_dir()).startswith({str(target)!r})\n"
-            "img = compiler.compile_module(catalogue.GATHER, compiler.Target('sm_90')).image\n"
+            "img = compiler.compile_module(gather_kernels.MODULES[16], compiler.Target('sm_90')).image\n"
             "assert img[:4] == b'\\x7fELF'\n"
             "sys.exit(cli.main(['--version']))\n")
     env = dict(os.environ, PYTHONPATH=str(target))

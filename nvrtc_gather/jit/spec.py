@@ -1,0 +1,122 @@
+"""What the JIT knows of a kernel: a module (one CUDA C source compiled into one image with
+its entry points), the parameter struct every entry point takes, and the registry of the
+modules the package ships (which warmup and preload read). Nothing here knows about an op:
+each kernel family declares its spec in nvrtc_gather/kernels/ and registers it here.
+
+Entry points are generated: a source defines its kernel bodies as templates, and the spec
+names each entry point with the body it runs (``Entry("gather_indexer_k_v16",
+"gather_body<16, 4>")``); sources.module_source appends one ``extern "C"`` wrapper per entry,
+so a module holds exactly its entries and no ``#if`` ladder chooses them."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+_FORMATS = {"ptr": "Q", "i64": "q", "i32": "i"}
+
+
+@dataclass(frozen=True)
+class ParamStruct:
+    """A kernel's single by-value parameter struct, as declared in its ``.cuh`` (checked
+    field by field by tests/jit/test_spec.py). The last field is always ``error``, the
+    debug-mode error buffer, which the runtime fills in at launch."""
+
+    name: str
+    fields: tuple[tuple[str, str], ...]  # (name, "ptr" | "i64" | "i32"), in declaration order
+    layout: struct.Struct = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        assert self.fields[-1] == ("error", "ptr"), "the debug error pointer must be the last field"
+        fmt = "<" + "".join(_FORMATS[t] for _, t in self.fields)
+        object.__setattr__(self, "layout", struct.Struct(fmt))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.fields)
+
+    def pack(self, **values) -> bytes:
+        """The struct's bytes from every field by name (tests, the emulator)."""
+        self._check(values, self.names)
+        return self.layout.pack(*(values[n] for n in self.names))
+
+    def packer(self, **fixed) -> Callable[..., None]:
+        """``pack(buf, *, <every other field>)``: packs the struct into ``buf`` with the
+        ``fixed`` fields bound now and the others given by name on each call. Built from
+        generated code, so a call costs what one positional ``struct.pack_into`` does."""
+        free = tuple(n for n in self.names if n not in fixed)
+        self._check({**fixed, **dict.fromkeys(free)}, self.names)
+        return _packer_factory(self, tuple(fixed))(**fixed)
+
+    def _check(self, given, expected) -> None:
+        if set(given) != set(expected):
+            missing, extra = set(expected) - set(given), set(given) - set(expected)
+            raise TypeError(f"{self.name}: fields missing {sorted(missing)}, unknown {sorted(extra)}")
+
+
+@lru_cache(maxsize=None)
+def _packer_factory(params: ParamStruct, fixed: tuple[str, ...]):
+    """``make(**fixed) -> pack(buf, *, **free)``, generated once per struct and set of fixed names."""
+    free = [n for n in params.names if n not in fixed]
+    body = (f"def make({', '.join(fixed)}):\n"
+            f"    def pack(buf, *, {', '.join(free)}):\n"
+            f"        _pack_into(buf, 0, {', '.join(params.names)})\n"
+            f"    return pack\n")
+    namespace = {"_pack_into": params.layout.pack_into}
+    exec(compile(body, f"<{params.name} packer>", "exec"), namespace)
+    return namespace["make"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ``extern "C"`` entry point: its name and the kernel body it runs (a call taking the
+    parameter struct, e.g. ``gather_body<16, 4>``). ``body=None``: the source defines the
+    entry point itself (a benchmark's baseline)."""
+
+    name: str
+    body: str | None = None
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    name: str                      # short id, used in cache file names
+    source: str                    # file in cuda_src/ (or in ``source_dir``)
+    entries: tuple[Entry, ...]     # its entry points
+    params: ParamStruct            # the struct every entry point takes
+    label: str                     # the op it serves, for messages (debug-mode errors)
+    options: tuple[str, ...] = ()  # extra NVRTC options (-D constants of the spec, ...)
+    threads: int = 256             # threads per block of every entry point (-DNG_THREADS)
+    source_dir: str | None = None  # None: the package's cuda_src/; else a directory of its own
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The entry points' names."""
+        return tuple(e.name for e in self.entries)
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        """The -D options the source is compiled with (NG_THREADS first)."""
+        return (f"-DNG_THREADS={self.threads}",) + tuple(o for o in self.options if o.startswith("-D"))
+
+    def entry_wrappers(self) -> str:
+        """The generated ``extern "C"`` entry points, appended to the source."""
+        return "".join(
+            f'extern "C" __global__ void __launch_bounds__(NG_THREADS) {e.name}(const {self.params.name} p) '
+            f"{{ {e.body}(p); }}\n" for e in self.entries if e.body is not None)
+
+
+_registry: dict[str, KernelModule] = {}
+
+
+def register(*modules: KernelModule) -> None:
+    """Add a kernel family's modules to what warmup compiles and preload loads."""
+    for m in modules:
+        if _registry.setdefault(m.name, m) is not m:
+            raise ValueError(f"a kernel module named {m.name!r} is registered already")
+
+
+def registered() -> tuple[KernelModule, ...]:
+    """Every module the ops can launch, in registration order (import nvrtc_gather.kernels
+    first: each family registers itself when imported)."""
+    return tuple(_registry.values())

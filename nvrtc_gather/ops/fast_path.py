@@ -1,0 +1,51 @@
+"""The layout fast path both ops share.
+
+An op's checks depend on its tensors' metadata (device, dtype, shape, strides), its other
+arguments, and its tensors' data pointers; an engine calls the op layer after layer with the
+same metadata and new pointers. So each op remembers, under the metadata (``layout_key``), a
+*layout*: a named record of what the pointer-dependent checks and the launch need (byte
+extents, the alignment bits that stay fixed, one ready launch per vector width with the
+parameter struct's fixed fields bound by name). A later call with that metadata redoes only
+the pointer checks (alignment, outputs overlapping inputs) and launches; anything they would
+reject falls through to the op's full checks, which raise. A layout is recorded only after
+the full checks accepted a call, so both paths accept exactly the same calls."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Launch(NamedTuple):
+    """One ready launch of a layout: the module, its entry point, the grid, and the packer
+    with every struct field but the data pointers and the error buffer bound."""
+
+    module: object   # jit.spec.KernelModule
+    entry: str
+    grid: int
+    pack: object     # ParamStruct.packer(...)
+
+
+class LayoutMemo(dict):
+    """Layouts by key; ``get`` is dict's own (the hot path). Bounded: cleared when full, so a
+    process that sees ever new shapes does not grow without limit."""
+
+    def __init__(self, max_size: int = 256):
+        super().__init__()
+        self.max_size = max_size
+
+    def remember(self, key, layout) -> None:
+        if len(self) >= self.max_size:
+            self.clear()
+        self[key] = layout
+
+
+def layout_key3(a, b, c) -> tuple:
+    """The metadata of three tensors (raises AttributeError for a non-tensor)."""
+    return (a.device, a.dtype, a.shape, a.stride(), b.device, b.dtype, b.shape, b.stride(),
+            c.device, c.dtype, c.shape, c.stride())
+
+
+def layout_key5(a, b, c, d, e) -> tuple:
+    """The metadata of five tensors (raises AttributeError for a non-tensor)."""
+    return (a.device, a.dtype, a.shape, a.stride(), b.device, b.dtype, b.shape, b.stride(),
+            c.device, c.dtype, c.shape, c.stride(), d.device, d.dtype, d.shape, d.stride(),
+            e.device, e.dtype, e.shape, e.stride())

@@ -1,0 +1,106 @@
+"""The kernel specs against the CUDA sources: each parameter struct is declared once in a
+``.cuh`` and mirrored in its family's spec (nvrtc_gather/kernels/); this test keeps the two
+the same, field by field (name, kind, order), packs by name as the struct lays out, and keeps
+the debug error codes of common.cuh and jit/debug_errors.py one table."""
+import re
+import struct
+
+import pytest
+
+from nvrtc_gather import kernels
+from nvrtc_gather.jit import compiler, debug_errors, sources, spec
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+
+_KIND = {"i64": "i64", "i32": "i32"}
+FAMILIES = [(gather_kernels, "gather_params.cuh"), (quant_kernels, "quant_params.cuh")]
+
+
+def cuh_fields(header: str, struct_name: str) -> list[tuple[str, str]]:
+    """(name, "ptr" | "i64" | "i32") of each field of ``struct_name`` in cuda_src/``header``."""
+    text = sources.read_source(header)
+    body = re.search(r"struct\s+" + struct_name + r"\s*\{(.*?)\};", text, re.S).group(1)
+    out = []
+    for line in body.splitlines():
+        line = line.split("//", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)\s*;", line)
+        assert m, f"cannot read the field {line!r} of {struct_name}"
+        ctype, star, name = m.groups()
+        out.append((name, "ptr" if star else _KIND[ctype]))
+    return out
+
+
+@pytest.mark.parametrize("family,header", FAMILIES, ids=["gather", "quant"])
+def test_param_structs_match_their_headers(family, header):
+    assert list(family.PARAMS.fields) == cuh_fields(header, family.PARAMS.name)
+
+
+@pytest.mark.parametrize("family", [gather_kernels, quant_kernels], ids=["gather", "quant"])
+def test_packing_by_name_is_the_struct_layout(family):
+    params = family.PARAMS
+    values = {name: 1000 + i for i, name in enumerate(params.names)}
+    want = params.layout.pack(*values.values())
+    assert params.pack(**values) == want
+    fixed = {n: v for n, v in values.items() if n not in ("error",) and not n.startswith(("k", "dst", "slot"))}
+    buf = bytearray(params.layout.size)
+    params.packer(**fixed)(buf, **{n: v for n, v in values.items() if n not in fixed})
+    assert bytes(buf) == want
+    with pytest.raises(TypeError, match="missing"):
+        params.pack(**{n: v for n, v in values.items() if n != "error"})
+    with pytest.raises(TypeError, match="unknown"):
+        params.packer(no_such_field=1)
+
+
+def test_the_ops_fill_every_struct_field_by_name():
+    from nvrtc_gather.ops import gather, indexer_k_quant
+    for family, fields_of in ((gather_kernels, gather.struct_fields), (quant_kernels, indexer_k_quant.struct_fields)):
+        plan_type = gather.GatherPlan if family is gather_kernels else indexer_k_quant.QuantPlan
+        plan = plan_type(**{f: 1 for f in plan_type._fields})
+        assert set(fields_of(plan)) == set(family.PARAMS.names) - {"error"}
+
+
+def test_module_names_are_distinct_and_entries_unique():
+    names = [m.name for m in kernels.ALL_MODULES]
+    assert len(set(names)) == len(names) and tuple(kernels.ALL_MODULES) == spec.registered()
+    entries = [e for m in kernels.ALL_MODULES for e in m.kernels]
+    assert len(set(entries)) == len(entries)
+
+
+def test_each_family_has_every_entry_in_the_module_it_loads_for_it():
+    for vec in gather_kernels.VECTOR_WIDTHS:
+        assert set(gather_kernels.MODULES[vec].kernels) == {gather_kernels.entry_name(vec, s)
+                                                           for s in gather_kernels.SHAPES}
+    for (k_type, vec), m in quant_kernels.MODULES.items():
+        assert m.kernels == (quant_kernels.entry_name(k_type, vec),)
+
+
+def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
+    for m in kernels.ALL_MODULES:
+        text = sources.module_source(m)
+        declared = re.findall(r'extern "C" __global__ void __launch_bounds__\(NG_THREADS\) (\w+)\(', text)
+        assert declared == list(m.kernels), m.name
+        assert f"-DNG_THREADS={m.threads}" in compiler.module_options(m, compiler.Target("sm_90"))
+    for name in ("gather_indexer_k.cu", "quant_cache.cu"):
+        assert 'extern "C" __global__' not in sources.read_source(name) and "NG_QUANT_ENTRY" not in sources.read_source(name) \
+            and "NG_GATHER_VEC" not in sources.read_source(name)
+    assert "#define NG_THREADS" not in sources.read_source("common.cuh")
+
+
+def test_shared_constants_come_from_the_spec():
+    assert f"-DNG_QUNROLL={quant_kernels.UNROLL}" in quant_kernels.OPTIONS
+    assert "#define NG_QUNROLL" not in sources.read_source("quant_cache.cu")
+
+
+def test_debug_error_codes_are_one_table():
+    header = dict((name, int(code)) for name, code in
+                  re.findall(r"#define (NG_ERR_\w+) (\d+)", sources.read_source("common.cuh")))
+    assert header == {name: code for name, (code, _) in debug_errors.ERRORS.items()}
+    used = set(re.findall(r"NG_ERR_\w+", sources.read_source("gather_indexer_k.cu") +
+                          sources.read_source("quant_cache.cu")))
+    assert used <= set(header)
+
+
+def test_registering_a_second_module_of_the_same_name_is_refused():
+    with pytest.raises(ValueError, match="registered already"):
+        spec.register(spec.KernelModule("gather_indexer_k_v16", "x.cu", (), gather_kernels.PARAMS, "x"))
