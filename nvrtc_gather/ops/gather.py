@@ -13,7 +13,7 @@ from torch import Tensor
 from ..jit import driver, runtime
 from ..jit.catalogue import GATHER, GATHER_ENTRIES, GATHER_MODULES, THREADS_PER_BLOCK
 from . import checks as v
-from . import library, paged_layout
+from . import fake_checks, library, paged_layout
 from .gather_torch import gather_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -338,5 +338,13 @@ def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=Non
     return run
 
 
+def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
+    """The fake (meta) implementation: plan_gather's overlap check on the traced tensors'
+    storages, where data pointers are not available (ops/fake_checks.py says why)."""
+    if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
+        fake_checks.disjoint({"dst_k": dst_k, "dst_scale": dst_scale},
+                             {"kv_cache": kv_cache, "block_table": block_table, "cu_seq_lens": cu_seq_lens})
+
+
 library.register("cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "
-                 "Tensor block_table, Tensor cu_seq_lens) -> ()", cp_gather_indexer_k_quant_cache)
+                 "Tensor block_table, Tensor cu_seq_lens) -> ()", cp_gather_indexer_k_quant_cache, gather_fake)

@@ -14,7 +14,7 @@ from torch import Tensor
 from ..jit import runtime
 from ..jit.catalogue import QUANT_ENTRIES, QUANT_MODULES, THREADS_PER_BLOCK
 from . import checks as v
-from . import library, paged_layout
+from . import fake_checks, library, paged_layout
 from .indexer_k_quant_torch import quant_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -209,5 +209,13 @@ def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=N
     return run
 
 
+def quant_fake(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
+    """The fake (meta) implementation: plan_quant's overlap check on the traced tensors'
+    storages (ops/fake_checks.py says why); only the rows of k that are read count."""
+    num_tokens = slot_mapping.size(0)
+    if num_tokens and k.dim() == 2 and num_tokens <= k.size(0):
+        fake_checks.disjoint({"kv_cache": kv_cache}, {"k": k[:num_tokens], "slot_mapping": slot_mapping})
+
+
 library.register("indexer_k_quant_and_cache(Tensor k, Tensor(a!) kv_cache, Tensor slot_mapping, "
-                 "int quant_block_size, str? scale_fmt) -> ()", indexer_k_quant_and_cache)
+                 "int quant_block_size, str? scale_fmt) -> ()", indexer_k_quant_and_cache, quant_fake)
