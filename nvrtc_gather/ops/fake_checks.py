@@ -13,23 +13,28 @@ import torch
 from . import checks as v
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
+def _span(t: torch.Tensor, rows=None) -> tuple[int, int]:
     """Bytes [start, end) of ``t``'s address span inside its storage (a strided view counts
-    with its gaps, as the eager check does)."""
+    with its gaps, as the eager check does); ``rows``: only its first rows (no view is made:
+    slicing a fake CUDA tensor fails on a CPU-only torch)."""
     size = t.element_size()
     start = t.storage_offset() * size
-    if t.numel() == 0:
+    shape = list(t.shape)
+    if rows is not None and shape:
+        shape[0] = min(shape[0], rows)
+    if any(n == 0 for n in shape):
         return start, start
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    last = sum((n - 1) * s for n, s in zip(shape, t.stride()))
     return start, start + (last + 1) * size
 
 
-def disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tensor]) -> None:
+def disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tensor], rows: dict[str, int] | None = None) -> None:
     """Raise ValueError naming both arguments (checks.disjoint's message) when a written tensor
-    and a read one share a storage and their spans in it overlap. Offsets in the message are
-    bytes from the start of the shared storage."""
+    and a read one share a storage and their spans in it overlap (``rows``: of the tensors named
+    there, only the first rows count). Offsets in the message are bytes from the start of the
+    shared storage."""
     for w, wt in written.items():
         w_storage = wt.untyped_storage()
         for r, rt in read.items():
             if rt.untyped_storage()._cdata == w_storage._cdata:
-                v.disjoint({w: _span(wt)}, {r: _span(rt)})
+                v.disjoint({w: _span(wt, (rows or {}).get(w))}, {r: _span(rt, (rows or {}).get(r))})

@@ -214,7 +214,7 @@ def quant_fake(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
     storages (ops/fake_checks.py says why); only the rows of k that are read count."""
     num_tokens = slot_mapping.size(0)
     if num_tokens and k.dim() == 2 and num_tokens <= k.size(0):
-        fake_checks.disjoint({"kv_cache": kv_cache}, {"k": k[:num_tokens], "slot_mapping": slot_mapping})
+        fake_checks.disjoint({"kv_cache": kv_cache}, {"k": k, "slot_mapping": slot_mapping}, {"k": num_tokens})
 
 
 library.register("indexer_k_quant_and_cache(Tensor k, Tensor(a!) kv_cache, Tensor slot_mapping, "
