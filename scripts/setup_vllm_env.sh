@@ -17,7 +17,8 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 PIP=("$VENV/bin/python" -m pip install -q)
 "${PIP[@]}" "$TORCH_SPEC"
 "${PIP[@]}" --no-deps "$VLLM_SPEC"
-"${PIP[@]}" typing_extensions packaging regex requests numpy psutil pyzmq
+# msgspec: vLLM's own general plugins (LoRA resolvers) import it; without it vLLM logs their failure.
+"${PIP[@]}" typing_extensions packaging regex requests numpy psutil pyzmq msgspec
 # This checkout, editable, so that vLLM's loader finds our vllm.general_plugins entry point.
 "${PIP[@]}" --no-deps -e .
 echo "vLLM test environment in $VENV: $("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm", m.version("vllm"), "torch", m.version("torch"))')"
