@@ -196,6 +196,15 @@ GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
         torch.ops._C_cache_ops.indexer_k_quant_and_cache(k, a, sm, 128, fmt)
         ng.indexer_k_quant_and_cache(case.k, b, case.slot_mapping, 128, ours)  # CPU path
         res[f"quant {fmt}"] = torch.equal(a.cpu(), b)
+    # mxfp8 (vLLM 0.33 on SM100): the GPU write and repack against the same op's CPU path
+    case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=torch.bfloat16,
+                           scale_fmt="ue8m0", num_tokens=300, block_pad=16)
+    a, b = case.kv_cache.cuda(), case.kv_cache.clone()
+    torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k.cuda(), a, case.slot_mapping.cuda(), 128, "mxfp8")
+    from nvrtc_gather.integrations import mx_scales
+    ng.indexer_k_quant_and_cache(case.k, b, case.slot_mapping, 128, "ue8m0")
+    mx_scales.pack_written_scales(b, case.slot_mapping)
+    res["quant mxfp8"] = torch.equal(a.cpu(), b) and not torch.equal(b, case.kv_cache)
     case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=9, max_len=700)
     k_ref, s_ref = gather_reference(case.kv_cache, case.block_table, case.cu_seq_lens, case.dst_k.size(0),
                                     case.head_dim, case.scale_words)
@@ -209,4 +218,4 @@ GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
 
 @pytest.mark.gpu
 def test_override_runs_our_kernels_on_the_gpu_bit_exact():
-    assert run(GPU_OVERRIDE) == {"quant ue8m0": True, "quant fp8e4m3": True, "gather": True}
+    assert run(GPU_OVERRIDE) == {"quant ue8m0": True, "quant fp8e4m3": True, "quant mxfp8": True, "gather": True}

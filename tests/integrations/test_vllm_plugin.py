@@ -224,3 +224,36 @@ def test_worker_without_a_cuda_device_loads_nothing(tmp_path):
         print(json.dumps({"calls": calls, "status": vllm_worker.status()}))
     """)
     assert got == {"calls": [], "status": "not loaded: this worker has no CUDA device"}
+
+
+REAL_PRELOAD = """
+    import json, torch
+    import nvrtc_gather.jit.runtime as runtime
+    from nvrtc_gather.integrations import vllm
+    vllm.plugin()
+    import vllm.v1.worker.worker_base as wb
+    try:
+        wb.WorkerWrapperBase(torch.cuda.device_count() - 1).init_device()
+        error = None
+    except Exception as e:
+        error = type(e).__name__
+    print(json.dumps({"loaded": sorted(f"{m}@{d}" for m, d in runtime._loaded), "error": error,
+                      "status": vllm.status().preload, "last": torch.cuda.device_count() - 1}))
+"""
+
+
+@pytest.mark.gpu
+def test_worker_hook_really_loads_the_kernels_on_that_gpu_only(tmp_path):
+    got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "cache"))
+    d = got["last"]
+    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (6 modules")
+    assert got["loaded"] == sorted(f"{m}@{d}" for m in ("gather_indexer_k_v16", "gather_indexer_k_v8",
+                                                        "gather_indexer_k_v4", "quant_cache_bf16_v16",
+                                                        "quant_cache_bf16_v8", "quant_cache_bf16_any"))
+
+
+@pytest.mark.gpu
+def test_worker_with_jit_disabled_and_a_cold_cache_fails_at_init_device(tmp_path):
+    got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "empty"),
+              NVRTC_GATHER_DISABLE_JIT="1")
+    assert got["error"] == "JitDisabledError" and got["loaded"] == []
