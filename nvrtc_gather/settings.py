@@ -15,6 +15,8 @@ CACHE_DIR_ENV = "NVRTC_GATHER_CACHE_DIR"
 DISABLE_CACHE_ENV = "NVRTC_GATHER_DISABLE_CACHE"
 DEBUG_ENV = "NVRTC_GATHER_DEBUG"
 DISABLE_JIT_ENV = "NVRTC_GATHER_DISABLE_JIT"
+VLLM_ENV = "NVRTC_GATHER_VLLM"
+VLLM_OPS_ENV = "NVRTC_GATHER_VLLM_OPS"
 
 # Every variable the package reads, with what it does (``nvrtc-gather info`` lists them).
 VARIABLES = {
@@ -22,8 +24,11 @@ VARIABLES = {
     DISABLE_CACHE_ENV: "boolean: keep kernels in memory only",
     DISABLE_JIT_ENV: "boolean: never compile; a kernel missing from the cache raises JitDisabledError",
     DEBUG_ENV: "boolean: kernels check their indices, the op raises on bad ones (one sync per call)",
+    VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's indexer-cache ops (integrations/vllm.py)",
+    VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces: gather, quant (default both)",
 }
-BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV)
+BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV, VLLM_ENV)
+_DEFAULT_ON = (VLLM_ENV,)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -108,9 +113,10 @@ def describe() -> list[tuple[str, str]]:
         shown = "unset" if value is None else repr(value)
         if name in BOOLEAN_VARIABLES:
             try:
-                shown += " (on)" if parse_flag(name, value) else " (off)"
+                on = parse_flag(name, value) if value is not None or name not in _DEFAULT_ON else True
+                shown += " (on)" if on else " (off)"
             except InvalidSettingError:
-                shown += " (INVALID: not a boolean; the ops raise InvalidSettingError)"
+                shown += " (INVALID: not a boolean; raises InvalidSettingError where it is read)"
         rows.append((name, f"{shown}: {meaning}"))
     others = sorted(n for n in os.environ if n.startswith("NVRTC_GATHER_") and n not in VARIABLES)
     rows += [(n, f"{os.environ[n]!r}: not a variable nvrtc_gather reads (a typo?)") for n in others]

@@ -45,9 +45,10 @@ for stage in $stages; do
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "
-from nvrtc_gather.jit import catalogue, compiler, driver
+from nvrtc_gather import kernels
+from nvrtc_gather.jit import compiler, driver
 t = compiler.pick_target(driver.capability(0))
-for m in catalogue.ALL_MODULES:
+for m in kernels.ALL_MODULES:
     open(f'$OUT/cubins/{m.name}.{t.arch}.cubin', 'wb').write(compiler.compile_module(m, t).image)
 " && for f in "$OUT"/cubins/*.cubin; do echo "$(basename "$f")"; cuobjdump --dump-resource-usage "$f" | grep -E "Function|REG"; done \
         2>&1 | tee "$OUT/resources.log" | grep -E "cubin|gather" -A1 | head -60 || status=1 ;;

@@ -11,8 +11,11 @@ VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# torch first and pinned, so the package's "torch>=2.4" is already met and never pulls a
-# multi-GB CUDA build onto a machine without a GPU.
+# torch first and pinned, so the package's "torch>=2.4" is already met by it. Where a CPU wheel
+# of that version is served (a local wheel directory or the PyTorch CPU index, as on our CI),
+# that is the CPU build; from plain PyPI on Linux, torch==2.13.0 is the default CUDA build
+# and pulls its multi-GB nvidia-* wheels even on a machine without a GPU (add
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu, or TORCH_SPEC=torch==2.13.0+cpu with it).
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 CUDA_EXTRA=${CUDA_EXTRA:-$("$VENV/bin/python" -c 'import torch; v = torch.version.cuda; print("cu12" if v and v.startswith("12.") else "cu13")')}
 "$VENV/bin/python" -m pip install -q -e ".[test,$CUDA_EXTRA]"

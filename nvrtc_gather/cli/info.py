@@ -134,10 +134,33 @@ def _bindings_vs_nvrtc(notes) -> None:
                  f"{cuda_packages.driver_match_hint(bindings)}.")
 
 
+def _vllm(lines, notes) -> None:
+    """What the vLLM plugin will do in a vLLM process of this environment (``info`` runs in its
+    own process: inside vLLM, ``nvrtc_gather.integrations.vllm.status()`` says what it did)."""
+    from importlib import metadata
+
+    from ..integrations import activation
+
+    try:
+        found = any(ep.name == "nvrtc_gather" for ep in metadata.entry_points(group="vllm.general_plugins"))
+    except Exception:
+        found = False
+    where = "entry point installed" if found else "entry point not installed (a checkout on PYTHONPATH?)"
+    try:
+        if not activation.vllm_enabled():
+            will = f"switched off by {activation.ENABLE_ENV}"
+        else:
+            will = "replaces " + ", ".join(activation.vllm_ops()) + " in vLLM processes"
+    except ValueError as exc:
+        will = "INVALID setting"
+        notes.append(str(exc))
+    lines.append(("vLLM plugin", f"{where}; {will} (in a vLLM process: integrations.vllm.status())"))
+
+
 def _variables(lines, notes) -> None:
     for name, state in settings.describe():
         lines.append((name, state))
-        if "INVALID" in state:
+        if "INVALID" in state and name != settings.VLLM_ENV:  # that one is reported by _vllm
             notes.append(f"{name}={os.environ.get(name)!r} is not a boolean: the ops raise "
                          "InvalidSettingError (at the first kernel load, or every call for the debug switch) until it is 1/true/yes/on, 0/false/no/off or unset")
 
@@ -155,6 +178,7 @@ def collect() -> tuple[list[tuple[str, str]], list[str]]:
     _driver(lines, notes, nv)
     _torch(lines)
     _cache(lines)
+    _vllm(lines, notes)
     _variables(lines, notes)
     return lines, notes
 

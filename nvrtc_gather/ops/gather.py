@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..jit import driver, runtime
 from ..kernels import gather as spec
-from . import checks, library, paged_layout
+from . import checks, fake_checks, library, paged_layout
 from .fast_path import Launch, LayoutMemo, layout_key5
 from .gather_torch import gather_torch
 
@@ -324,5 +324,13 @@ def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=Non
     return run
 
 
+def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
+    """The fake (meta) implementation: plan_gather's overlap check on the traced tensors'
+    storages, where data pointers are not available (ops/fake_checks.py says why)."""
+    if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
+        fake_checks.disjoint({"dst_k": dst_k, "dst_scale": dst_scale},
+                             {"kv_cache": kv_cache, "block_table": block_table, "cu_seq_lens": cu_seq_lens})
+
+
 library.register("cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "
-                 "Tensor block_table, Tensor cu_seq_lens) -> ()", cp_gather_indexer_k_quant_cache)
+                 "Tensor block_table, Tensor cu_seq_lens) -> ()", cp_gather_indexer_k_quant_cache, gather_fake)

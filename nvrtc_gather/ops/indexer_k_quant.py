@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..jit import runtime
 from ..kernels import indexer_k_quant as spec
-from . import checks, library, paged_layout
+from . import checks, fake_checks, library, paged_layout
 from .fast_path import Launch, LayoutMemo, layout_key3
 from .indexer_k_quant_torch import quant_torch
 
@@ -292,5 +292,13 @@ def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=N
     return run
 
 
+def quant_fake(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
+    """The fake (meta) implementation: plan_quant's overlap check on the traced tensors'
+    storages (ops/fake_checks.py says why); only the rows of k that are read count."""
+    num_tokens = slot_mapping.size(0)
+    if num_tokens and k.dim() == 2 and num_tokens <= k.size(0):
+        fake_checks.disjoint({"kv_cache": kv_cache}, {"k": k, "slot_mapping": slot_mapping}, {"k": num_tokens})
+
+
 library.register("indexer_k_quant_and_cache(Tensor k, Tensor(a!) kv_cache, Tensor slot_mapping, "
-                 "int quant_block_size, str? scale_fmt) -> ()", indexer_k_quant_and_cache)
+                 "int quant_block_size, str? scale_fmt) -> ()", indexer_k_quant_and_cache, quant_fake)

@@ -3,7 +3,8 @@ ops/indexer_k_quant.py), so that ``torch.compile(fullgraph=True)`` traces caller
 graph break.
 
 Each op's schema marks the tensors it writes (``Tensor(a!)``) and returns nothing; its fake
-(meta) implementation does nothing, since the ops only write into their arguments. The
+(meta) implementation returns nothing too (the ops only write into their arguments) after
+checking, where the op gives one, that no output overlaps an input (ops/fake_checks.py). The
 low-level ``torch.library.Library`` API with CPU/CUDA kernels is used rather than
 ``torch.library.custom_op``: the same tracing, at a fraction of the dispatch cost per call.
 The plain Python functions stay the documented entry points; inside
@@ -20,11 +21,12 @@ def _fake(*args) -> None:
     return None
 
 
-def register(schema: str, fn) -> None:
+def register(schema: str, fn, fake=None) -> None:
     """Define ``torch.ops.nvrtc_gather.<name>`` with ``schema``, run by ``fn`` on CPU and
-    CUDA tensors, with a fake implementation for tracing."""
+    CUDA tensors, with ``fake`` (the op's trace-time checks, returning None) as its fake
+    implementation; without one, a fake that does nothing."""
     name = schema.split("(", 1)[0]
     LIBRARY.define(schema)
     for key in ("CPU", "CUDA"):
         LIBRARY.impl(name, fn, key)
-    torch.library.register_fake(f"{NAMESPACE}::{name}", _fake, lib=LIBRARY)
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake or _fake, lib=LIBRARY)

@@ -162,3 +162,16 @@ def test_info_matching_majors_do_not_warn(monkeypatch, capsys):
     monkeypatch.setattr(cuda_packages, "bindings_major", lambda: 13)
     monkeypatch.setattr(cuda_packages, "nvrtc_wheels", lambda: {13: ("nvidia-cuda-nvrtc", "13.0.88")})
     assert "warning: cuda-bindings" not in _run(capsys, "info")[1]
+
+
+@pytest.mark.parametrize("env, says", [({}, "replaces cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache"),
+                                       ({"NVRTC_GATHER_VLLM_OPS": "gather"}, "replaces cp_gather_indexer_k_quant_cache in"),
+                                       ({"NVRTC_GATHER_VLLM": "off"}, "switched off by NVRTC_GATHER_VLLM")])
+def test_info_says_what_the_vllm_plugin_will_do(env, says, monkeypatch, capsys):
+    for name in ("NVRTC_GATHER_VLLM", "NVRTC_GATHER_VLLM_OPS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rc, out, _ = _run(capsys, "info")
+    line = next(l for l in out.splitlines() if l.startswith("vLLM plugin"))
+    assert rc == 0 and says in line

@@ -42,3 +42,47 @@ def test_bad_buffer_shape_is_named():
     with pytest.raises(ValueError, match="buf: expected 64 \\* 132"):
         get_index_k_scale_buffer(torch.zeros(4, 64 * 130, dtype=torch.uint8), torch.tensor([3]),
                                  torch.zeros(1, 1, dtype=torch.int32), 3, 3)
+
+
+# Issue 16, item 6: what the accessor refuses, naming the argument, before anything is written.
+def _args(**over):
+    args = dict(buf=torch.zeros(8, 64 * 132, dtype=torch.uint8), seq_len_tensor=torch.tensor([70, 3]),
+                page_indices=torch.tensor([[1, 2], [3, 0]]), seq_len_sum=73, max_seq_len=70)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, error, match", [
+    (dict(page_indices=torch.tensor([[2**32 + 1, 2], [3, 0]])), ValueError,
+     r"page_indices: page ids must fit int32, got values in \[0, 4294967297\]"),
+    (dict(page_indices=torch.tensor([[-2**31 - 1, 2], [3, 0]])), ValueError, "page_indices: page ids must fit int32"),
+    (dict(seq_len_tensor=torch.tensor([2**32 + 70, 3]), seq_len_sum=73), ValueError,
+     "seq_len_tensor: lengths must be >= 0 and sum to at most 2147483647"),
+    (dict(seq_len_tensor=torch.tensor([2**31 - 1, 3], dtype=torch.int32), seq_len_sum=73), ValueError,
+     "seq_len_tensor: lengths must be >= 0 and sum to at most 2147483647, got min 3, max 2147483647, sum 2147483650"),
+    (dict(seq_len_tensor=torch.tensor([-1, 3])), ValueError, "seq_len_tensor: lengths must be >= 0"),
+    (dict(seq_len_tensor=torch.tensor([70.9, 3.0])), TypeError, "seq_len_tensor: expected dtype torch.int32 or torch.int64"),
+    (dict(seq_len_tensor=[70, 3]), TypeError, "seq_len_tensor: expected a torch.Tensor, got list"),
+    (dict(seq_len_sum=-1), ValueError, "seq_len_sum: expected a non-negative int, got -1"),
+    (dict(seq_len_sum=73.0), TypeError, "seq_len_sum: expected a host int, got float"),
+    (dict(seq_len_sum=torch.tensor(73)), TypeError, "seq_len_sum: expected a host int, got Tensor"),
+    (dict(seq_len_sum=2**31), ValueError, "seq_len_sum: 2147483648 rows exceed the supported"),
+    (dict(max_seq_len=200), ValueError, "max_seq_len: 200 tokens do not fit in page_indices' 2 pages of 64"),
+    (dict(buf=torch.zeros(8, 64 * 132, dtype=torch.float32)), TypeError, "buf: expected dtype torch.uint8, got torch.float32"),
+    (dict(buf=torch.zeros(8, 64, 132, dtype=torch.uint8)), ValueError, "buf: expected the layer's 2-D uint8 index buffer"),
+    (dict(page_indices=torch.tensor([[1.0, 2.0], [3.0, 0.0]])), TypeError, "page_indices: expected dtype torch.int32"),
+    (dict(page_indices=torch.tensor([1, 2])), ValueError, r"page_indices: expected \[batch, max_pages\] with batch = 2"),
+    (dict(seq_len_tensor=torch.tensor([[70, 3]])), ValueError, r"seq_len_tensor: expected \[batch\]"),
+])
+def test_bad_arguments_are_named_and_nothing_is_computed(over, error, match):
+    args = _args(**over)
+    before = args["buf"].clone()
+    with pytest.raises(error, match=match):
+        get_index_k_scale_buffer(**args)
+    assert torch.equal(args["buf"], before)
+
+
+def test_int32_lengths_whose_sum_fits_are_accepted_at_the_limit_of_a_page():
+    k, s = get_index_k_scale_buffer(**_args(seq_len_tensor=torch.tensor([64, 0], dtype=torch.int32), seq_len_sum=64,
+                                            max_seq_len=64))
+    assert k.shape == (64, 128) and s.shape == (64, 4)

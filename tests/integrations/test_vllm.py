@@ -113,7 +113,9 @@ PLUGIN = """
 """
 
 
-def test_plugin_entry_point_is_declared_and_opt_in():
+def test_plugin_entry_point_is_declared_and_on_by_default():
+    """vLLM calls every installed general plugin unless VLLM_PLUGINS leaves it out; ours then
+    replaces the ops unless NVRTC_GATHER_VLLM turns it off (integrations/activation.py)."""
     try:
         metadata.version("nvrtc-gather")
     except metadata.PackageNotFoundError:
@@ -121,8 +123,64 @@ def test_plugin_entry_point_is_declared_and_opt_in():
     eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "nvrtc_gather"]
     if not eps:
         pytest.fail("the vllm.general_plugins entry point nvrtc_gather is not installed (reinstall the package)")
-    assert run(PLUGIN) == {"entry_point": "nvrtc_gather.integrations.vllm:plugin", "registered": False}
-    assert run(PLUGIN, VLLM_PLUGINS="other,nvrtc_gather")["registered"] is True
+    assert run(PLUGIN) == {"entry_point": "nvrtc_gather.integrations.vllm:plugin", "registered": True}
+    assert run(PLUGIN, NVRTC_GATHER_VLLM="0")["registered"] is False
+
+
+MXFP8 = """
+    import json, random, torch, nvrtc_gather as ng
+    from nvrtc_gather.integrations import vllm
+    from helpers.reference import make_quant_case
+    vllm.register()
+    out = {}
+    rng = random.Random(7)
+    for dtype in (torch.bfloat16, torch.float32):
+        case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=16, dtype=dtype,
+                               scale_fmt="ue8m0", num_tokens=50, block_pad=12)
+        got, want = case.kv_cache.clone(), case.kv_cache.clone()
+        torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k, got, case.slot_mapping, 128, "mxfp8")
+        # vLLM's mxfp8: the ue8m0 write, each written token's fp32 scale replaced by its exponent
+        # byte four times (vllm/v1/attention/ops/common.py: pack_ue8m0_x4), read here per slot.
+        ng.indexer_k_quant_and_cache(case.k, want, case.slot_mapping, 128, "ue8m0")
+        bs, cs = want.shape[1], want.shape[2]
+        flat = want.view(want.size(0), -1) if want.is_contiguous() else None
+        for s in case.slot_mapping.tolist():
+            if s < 0:
+                continue
+            b, t = divmod(s, bs)
+            word = want[b].reshape(-1)[bs * 128 + 4 * t: bs * 128 + 4 * t + 4]
+            bits = int.from_bytes(bytes(word.tolist()), "little")
+            want[b].reshape(-1)[bs * 128 + 4 * t: bs * 128 + 4 * t + 4] = (bits >> 23) & 0xFF
+        out[str(dtype)] = torch.equal(got, want)
+        out[str(dtype) + " changed"] = not torch.equal(got, case.kv_cache)
+    # padding only: nothing written
+    case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=16, dtype=torch.bfloat16,
+                           scale_fmt="ue8m0", num_tokens=5)
+    kv = case.kv_cache.clone()
+    torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k, kv, torch.full((5,), -1, dtype=torch.int64), 128, "mxfp8")
+    out["all padding"] = torch.equal(kv, case.kv_cache)
+    # vLLM's own condition: head_dim == quant_block_size == 128, refused before writing
+    case = make_quant_case(rng, head_dim=128, quant_block_size=64, block_size=16, dtype=torch.bfloat16,
+                           scale_fmt="ue8m0", num_tokens=5)
+    kv = case.kv_cache.clone()
+    try:
+        torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k, kv, case.slot_mapping, 64, "mxfp8")
+        out["error"] = None
+    except ValueError as e:
+        out["error"] = str(e)
+    out["unchanged"] = torch.equal(kv, case.kv_cache)
+    print(json.dumps(out))
+"""
+
+
+def test_mxfp8_scales_are_vllms_packed_ue8m0_bytes():
+    """vLLM 0.33 passes kv_cache_dtype="mxfp8" on SM100 (sparse_attn_indexer.py): power-of-two
+    scales stored as four UE8M0 bytes. Plain fp32 scales there would be read as garbage."""
+    got = run(MXFP8)
+    assert got == {"torch.bfloat16": True, "torch.bfloat16 changed": True, "torch.float32": True,
+                   "torch.float32 changed": True, "all padding": True, "unchanged": True,
+                   "error": "kv_cache_dtype: \"mxfp8\" scales require head_dim == quant_block_size == 128 (as vLLM's "
+                            "op), got head_dim=128, quant_block_size=64"}, got
 
 
 GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
@@ -138,6 +196,15 @@ GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
         torch.ops._C_cache_ops.indexer_k_quant_and_cache(k, a, sm, 128, fmt)
         ng.indexer_k_quant_and_cache(case.k, b, case.slot_mapping, 128, ours)  # CPU path
         res[f"quant {fmt}"] = torch.equal(a.cpu(), b)
+    # mxfp8 (vLLM 0.33 on SM100): the GPU write and repack against the same op's CPU path
+    case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=torch.bfloat16,
+                           scale_fmt="ue8m0", num_tokens=300, block_pad=16)
+    a, b = case.kv_cache.cuda(), case.kv_cache.clone()
+    torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k.cuda(), a, case.slot_mapping.cuda(), 128, "mxfp8")
+    from nvrtc_gather.integrations import mx_scales
+    ng.indexer_k_quant_and_cache(case.k, b, case.slot_mapping, 128, "ue8m0")
+    mx_scales.pack_written_scales(b, case.slot_mapping)
+    res["quant mxfp8"] = torch.equal(a.cpu(), b) and not torch.equal(b, case.kv_cache)
     case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=9, max_len=700)
     k_ref, s_ref = gather_reference(case.kv_cache, case.block_table, case.cu_seq_lens, case.dst_k.size(0),
                                     case.head_dim, case.scale_words)
@@ -151,4 +218,4 @@ GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
 
 @pytest.mark.gpu
 def test_override_runs_our_kernels_on_the_gpu_bit_exact():
-    assert run(GPU_OVERRIDE) == {"quant ue8m0": True, "quant fp8e4m3": True, "gather": True}
+    assert run(GPU_OVERRIDE) == {"quant ue8m0": True, "quant fp8e4m3": True, "quant mxfp8": True, "gather": True}

@@ -1,0 +1,45 @@
+"""The environment variables that switch the vLLM plugin, read when the plugin runs.
+
+``NVRTC_GATHER_VLLM``: on by default; ``0``/``false``/``no``/``off``/empty turn the plugin off,
+``1``/``true``/``yes``/``on`` keep it on (case-insensitive). Anything else raises, naming the
+variable: a typo must not silently leave vLLM's kernels (or ours) in place.
+``NVRTC_GATHER_VLLM_OPS``: which of vLLM's two ops to replace, comma-separated (default both):
+``gather`` (cp_gather_indexer_k_quant_cache) and ``quant`` (indexer_k_quant_and_cache); the
+ops' full names are accepted too."""
+from __future__ import annotations
+
+import os
+
+from .. import settings
+
+ENABLE_ENV = settings.VLLM_ENV
+OPS_ENV = settings.VLLM_OPS_ENV
+
+GATHER = "cp_gather_indexer_k_quant_cache"
+QUANT = "indexer_k_quant_and_cache"
+OP_NAMES = {"gather": GATHER, "quant": QUANT, GATHER: GATHER, QUANT: QUANT}
+
+def vllm_enabled() -> bool:
+    """NVRTC_GATHER_VLLM as a strict boolean (settings.parse_flag: InvalidSettingError, a
+    ValueError, for anything else); unset means on."""
+    raw = os.environ.get(ENABLE_ENV)
+    return raw is None or settings.parse_flag(ENABLE_ENV, raw)
+
+
+def vllm_ops() -> tuple[str, ...]:
+    """The full names of the ops NVRTC_GATHER_VLLM_OPS selects, in a fixed order; unset means both."""
+    raw = os.environ.get(OPS_ENV)
+    if raw is None:
+        return (GATHER, QUANT)
+    return parse_ops(raw, OPS_ENV)
+
+
+def parse_ops(raw: str, what: str) -> tuple[str, ...]:
+    """Names (short or full, comma-separated, spaces ignored) -> full op names, in a fixed order."""
+    items = [item.strip().lower() for item in raw.split(",")]
+    unknown = [item for item in items if item not in OP_NAMES]
+    if unknown or not any(items):
+        raise ValueError(f"{what}={raw!r}: expected a comma-separated list of gather and/or quant "
+                         f"(to turn the plugin off, set {ENABLE_ENV}=0)")
+    chosen = {OP_NAMES[item] for item in items}
+    return tuple(name for name in (GATHER, QUANT) if name in chosen)

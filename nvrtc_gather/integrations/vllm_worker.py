@@ -1,0 +1,149 @@
+"""Load the replaced ops' kernels on each vLLM worker's own GPU before it serves.
+
+vLLM's startup never runs the gather (its dummy runs return early through the indexer's fake
+path), so without this the first real prefill pays the load, or a compile. Where to hook, from
+vLLM's source (0.33.0; the same shape since the V1 engine):
+- ``WorkerWrapperBase.init_worker`` (``vllm/v1/worker/worker_base.py``) calls
+  ``load_general_plugins()`` before the worker exists: no device is set when the plugin runs;
+- the executors (``vllm/v1/executor/uniproc_executor.py``, ``multiproc_executor.py``) then call
+  ``WorkerWrapperBase.init_device``, which calls the worker's ``init_device``
+  (``vllm/v1/worker/gpu_worker.py``: ``torch.accelerator.set_device_index(self.device)``), then
+  load the model, profile memory and capture CUDA graphs.
+So the plugin wraps ``WorkerWrapperBase.init_device``: after vLLM's, it loads (from the kernel
+cache, or compiles) the replaced ops' modules on ``worker.device`` only. Nothing runs in
+processes that never set up a worker (API server, engine core of a multi-process executor).
+Where the plugin runs before that module is imported (vLLM's in-process engine loads plugins
+while parsing its arguments), an import hook wraps the class when the module is first imported.
+
+A failure to load (``NVRTC_GATHER_DISABLE_JIT=1`` with a cache that lacks the GPU's kernels, no
+NVRTC) raises there, so the worker fails at startup with our message instead of at the first
+request."""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import sys
+import threading
+import time
+
+import torch
+
+from ..jit import runtime
+from ..kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+from . import activation
+
+MODULE = "vllm.v1.worker.worker_base"
+CLASS = "WorkerWrapperBase"
+_TAG = "_nvrtc_gather_preload"
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+_lock = threading.Lock()
+_state = {"ops": (), "logger": None, "status": "not installed"}
+
+
+def status() -> str:
+    """``"not installed"``, ``"waiting for <module>"`` (import hook set), ``"hooked"`` (the
+    class is wrapped), ``"loaded on cuda:N (...)"`` after a worker set up, or why not."""
+    return _state["status"]
+
+
+def modules_for(ops, dtype: torch.dtype | None = None) -> tuple:
+    """The kernel modules the given vLLM ops can launch: every gather module (one per vector
+    width), and the write op's modules for the model's dtype (every dtype when unknown)."""
+    mods = []
+    if activation.GATHER in ops:
+        mods += gather_kernels.MODULES.values()
+    if activation.QUANT in ops:
+        want = _DTYPES.get(dtype)
+        mods += [m for (dt, _), m in quant_kernels.MODULES.items() if want in (None, dt)]
+    return tuple(mods)
+
+
+def install(ops, logger) -> None:
+    """Wrap vLLM's ``WorkerWrapperBase.init_device`` now, or when its module is imported."""
+    with _lock:
+        _state["ops"], _state["logger"] = tuple(ops), logger
+        module = sys.modules.get(MODULE)
+        if module is None and not any(isinstance(f, _ImportHook) for f in sys.meta_path):
+            sys.meta_path.insert(0, _ImportHook())
+            _state["status"] = f"waiting for {MODULE}"
+    if module is not None:
+        _wrap(module)
+
+
+def _wrap(module) -> None:
+    cls = getattr(module, CLASS, None)
+    original = getattr(cls, "init_device", None)
+    if original is None:
+        _state["status"] = f"not hooked: {MODULE}.{CLASS}.init_device not found (kernels load at first call)"
+        _state["logger"]().warning("nvrtc_gather: %s", _state["status"])
+        return
+    if getattr(original, _TAG, False):
+        return
+
+    @functools.wraps(original)
+    def init_device(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        preload_worker(getattr(self, "worker", None))
+        return result
+
+    setattr(init_device, _TAG, True)
+    cls.init_device = init_device
+    _state["status"] = "hooked"
+
+
+def _device_of(worker) -> int | None:
+    device = getattr(worker, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def preload_worker(worker) -> None:
+    """Load the replaced ops' kernels on ``worker``'s CUDA device (vLLM's ``Worker.device``,
+    else the current device); only that one."""
+    if torch.version.hip is not None:
+        _state["status"] = "not loaded: a ROCm build of torch"
+        return
+    device = _device_of(worker)
+    if device is None:
+        _state["status"] = "not loaded: this worker has no CUDA device"
+        return
+    dtype = getattr(getattr(worker, "model_config", None), "dtype", None)
+    modules = modules_for(_state["ops"], dtype)
+    start = time.perf_counter()
+    runtime.preload(device, modules=modules)
+    ms = (time.perf_counter() - start) * 1e3
+    _state["status"] = f"loaded on cuda:{device} ({len(modules)} modules, {ms:.0f} ms)"
+    _state["logger"]().info("nvrtc_gather: kernels of %s loaded on cuda:%d before serving (%d modules, %.0f ms)",
+                            ", ".join(_state["ops"]), device, len(modules), ms)
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Wraps the class right after vLLM's worker module is first executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name != MODULE:
+            return None
+        for finder in sys.meta_path:  # the real finders locate it
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+            _wrap(module)
+
+        spec.loader.exec_module = exec_module
+        return spec

@@ -1,0 +1,259 @@
+"""The vLLM plugin as vLLM runs it, without vLLM installed (issue 16, items 1-4): activation by
+NVRTC_GATHER_VLLM / NVRTC_GATHER_VLLM_OPS, the log line in vLLM's logger, status(), the worker
+hook that loads the kernels on the worker's GPU. test_vllm_real.py repeats the key ones with
+vLLM's own package."""
+import os
+import textwrap
+
+import pytest
+
+from helpers.fresh_python import run, run_raw
+from nvrtc_gather.integrations import activation
+
+GATHER, QUANT = "cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("TRUE", True), ("yes", True), (" On ", True),
+                                       ("0", False), ("false", False), ("No", False), ("off", False), ("", False)])
+def test_enable_variable_is_a_strict_boolean(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("NVRTC_GATHER_VLLM", raising=False)
+    else:
+        monkeypatch.setenv("NVRTC_GATHER_VLLM", value)
+    assert activation.vllm_enabled() is on
+
+
+@pytest.mark.parametrize("value", ["2", "enable", "nvrtc_gather", "0,1"])
+def test_enable_variable_refuses_other_values_naming_it(monkeypatch, value):
+    monkeypatch.setenv("NVRTC_GATHER_VLLM", value)
+    with pytest.raises(ValueError, match=f"NVRTC_GATHER_VLLM={value!r} is not a boolean: set it to 1, true"):
+        activation.vllm_enabled()
+
+
+@pytest.mark.parametrize("value, ops", [("gather", (GATHER,)), ("quant", (QUANT,)), (" quant , gather", (GATHER, QUANT)),
+                                        (GATHER, (GATHER,)), ("GATHER,gather", (GATHER,))])
+def test_ops_variable_selects_ops(monkeypatch, value, ops):
+    monkeypatch.setenv("NVRTC_GATHER_VLLM_OPS", value)
+    assert activation.vllm_ops() == ops
+
+
+@pytest.mark.parametrize("value", ["", "gather,", "scatter", "gather;quant"])
+def test_ops_variable_refuses_unknown_names(monkeypatch, value):
+    monkeypatch.setenv("NVRTC_GATHER_VLLM_OPS", value)
+    with pytest.raises(ValueError, match="NVRTC_GATHER_VLLM_OPS=.*expected a comma-separated list of gather"):
+        activation.vllm_ops()
+
+
+# A process that runs vLLM: a `vllm` module is imported and vLLM's logging config is applied
+# (vllm/logger.py: its own handler on the "vllm" logger, propagate=False, root left alone).
+PLUGIN = """
+    import dataclasses, io, json, logging, sys, types, torch
+    sys.modules["vllm"] = types.ModuleType("vllm")
+    vllm_log = io.StringIO()
+    handler = logging.StreamHandler(vllm_log)
+    logging.getLogger("vllm").addHandler(handler)
+    logging.getLogger("vllm").setLevel(logging.INFO)
+    logging.getLogger("vllm").propagate = False
+    from importlib import metadata
+    from nvrtc_gather.integrations import vllm
+    before = dataclasses.asdict(vllm.status())
+    try:
+        vllm.plugin()  # what vLLM's load_general_plugins calls
+        error = None
+    except ValueError as e:
+        error = str(e)
+    def ours(name):
+        try:
+            dump = torch._C._dispatch_dump(f"_C_cache_ops::{name}")
+        except RuntimeError:
+            return False
+        return any(l.startswith("CUDA: registered at") and "integrations/vllm.py" in l for l in dump.splitlines())
+    print(json.dumps({"before": before, "status": dataclasses.asdict(vllm.status()), "error": error,
+                      "gather": ours("cp_gather_indexer_k_quant_cache"), "quant": ours("indexer_k_quant_and_cache"),
+                      "log": vllm_log.getvalue()}))
+"""
+
+
+def test_plugin_replaces_both_ops_by_default_and_says_so_in_vllms_log():
+    got = run(PLUGIN)
+    assert got["before"] == {"registered": False, "ops": [], "schemas": None, "activated_by": None,
+                             "disabled_by": None, "preload": "not installed"}
+    assert got["error"] is None and got["gather"] and got["quant"]
+    assert got["status"] == {"registered": True, "ops": [GATHER, QUANT], "schemas": "nvrtc_gather",
+                             "activated_by": "plugin", "disabled_by": None,
+                             "preload": "waiting for vllm.v1.worker.worker_base"}
+    assert f"torch.ops._C_cache_ops.{{{GATHER}, {QUANT}}} now run nvrtc_gather's kernels" in got["log"], got["log"]
+
+
+@pytest.mark.parametrize("value", ["0", "off", ""])
+def test_plugin_switched_off_leaves_vllms_kernels_and_says_so(value):
+    got = run(PLUGIN, NVRTC_GATHER_VLLM=value)
+    assert got["error"] is None and not got["gather"] and not got["quant"]
+    assert got["status"]["registered"] is False and got["status"]["disabled_by"] == "NVRTC_GATHER_VLLM=0"
+    assert got["status"]["preload"] == "not installed"
+    assert "vLLM plugin loaded but off (NVRTC_GATHER_VLLM=0)" in got["log"]
+
+
+def test_plugin_with_a_bad_switch_raises_naming_the_variable():
+    got = run(PLUGIN, NVRTC_GATHER_VLLM="nvrtc_gather")
+    assert got["error"].startswith("NVRTC_GATHER_VLLM='nvrtc_gather' is not a boolean") and not got["gather"]
+
+
+def test_per_op_opt_out_replaces_only_the_named_op_and_logs_which():
+    got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS="gather")
+    assert got["gather"] and not got["quant"] and got["status"]["ops"] == [GATHER]
+    assert f"{{{GATHER}}} now run nvrtc_gather's kernels" in got["log"]
+    assert f"; {QUANT} left to vLLM" in got["log"]
+
+
+def test_register_accepts_op_names_and_refuses_unknown_ones():
+    got = run("""
+        import json
+        from nvrtc_gather.integrations import vllm
+        first = vllm.register("quant")
+        both = vllm.register(["gather", "quant"])
+        try:
+            vllm.register(["gahter"])
+            err = None
+        except ValueError as e:
+            err = str(e)
+        print(json.dumps({"first": first, "both": both, "err": err, "by": vllm.status().activated_by}))
+    """)
+    assert got["first"] == [QUANT] and got["both"] == [GATHER, QUANT] and got["by"] == "register()"
+    assert got["err"].startswith("ops='gahter': expected a comma-separated list")
+
+
+# A stand-in for vllm/v1/worker/worker_base.py with what the hook relies on: WorkerWrapperBase,
+# whose init_device calls the worker's init_device (which sets the device: gpu_worker.py), and
+# a worker with .device and .model_config.dtype.
+FAKE_WORKER_BASE = '''
+import torch
+class _Config:
+    dtype = torch.bfloat16
+class _Worker:
+    model_config = _Config()
+    def __init__(self, index):
+        self.index = index
+    def init_device(self):
+        self.device = torch.device("cuda", self.index)
+class WorkerWrapperBase:
+    def __init__(self, index):
+        self.worker = _Worker(index)
+    def init_device(self):
+        self.worker.init_device()
+        return "vllm's result"
+'''
+
+HOOK = """
+    import json, sys, torch
+    import nvrtc_gather.jit.runtime as runtime
+    calls = []
+    runtime.preload = lambda device=None, modules=None: calls.append([device, [m.name for m in modules]])
+    from nvrtc_gather.integrations import vllm
+    if IMPORT_FIRST:
+        import vllm.v1.worker.worker_base as wb
+    vllm.plugin()
+    hooked_before_import = vllm.status().preload
+    import vllm.v1.worker.worker_base as wb
+    wrapper = wb.WorkerWrapperBase(3)
+    result = wrapper.init_device()
+    again = wb.WorkerWrapperBase(5)
+    vllm.plugin()  # vLLM may load plugins again in the same process: still one wrapper
+    again.init_device()
+    print(json.dumps({"before": hooked_before_import, "result": result, "calls": calls,
+                      "status": vllm.status().preload}))
+"""
+
+
+def _fake_vllm(tmp_path):
+    pkg = tmp_path / "vllm" / "v1" / "worker"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "v1", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "worker_base.py").write_text(FAKE_WORKER_BASE)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("import_first", [True, False])
+def test_worker_hook_loads_the_kernels_on_the_workers_own_gpu_only(tmp_path, import_first):
+    got = run(HOOK.replace("IMPORT_FIRST", str(import_first)), path=[_fake_vllm(tmp_path)])
+    assert got["before"] == ("hooked" if import_first else "waiting for vllm.v1.worker.worker_base")
+    assert got["result"] == "vllm's result"
+    gather = ["gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"]
+    quant_bf16 = ["quant_cache_bf16_v16", "quant_cache_bf16_v8", "quant_cache_bf16_any"]
+    assert got["calls"] == [[3, gather + quant_bf16], [5, gather + quant_bf16]]  # one device per worker, no other
+    assert got["status"].startswith("loaded on cuda:5 (6 modules, ")
+
+
+def test_worker_hook_loads_only_the_replaced_ops_kernels(tmp_path):
+    got = run(HOOK.replace("IMPORT_FIRST", "False"), path=[_fake_vllm(tmp_path)], NVRTC_GATHER_VLLM_OPS="gather")
+    assert got["calls"][0] == [3, ["gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"]]
+
+
+def test_worker_hook_is_not_installed_when_the_plugin_is_off(tmp_path):
+    got = run(HOOK.replace("IMPORT_FIRST", "True"), path=[_fake_vllm(tmp_path)], NVRTC_GATHER_VLLM="0")
+    assert got["calls"] == [] and got["status"] == "not installed"
+
+
+def test_a_failed_preload_fails_the_workers_init_device(tmp_path):
+    """NVRTC_GATHER_DISABLE_JIT=1 with an empty cache: the worker fails at startup, naming the fix."""
+    r = run_raw("""
+        import nvrtc_gather.jit.runtime as runtime
+        from nvrtc_gather.errors import JitDisabledError
+        def preload(device=None, modules=None):
+            raise JitDisabledError("no cached kernel; run nvrtc-gather warmup")
+        runtime.preload = preload
+        from nvrtc_gather.integrations import vllm
+        vllm.plugin()
+        import vllm.v1.worker.worker_base as wb
+        wb.WorkerWrapperBase(0).init_device()
+    """, path=[_fake_vllm(tmp_path)])
+    assert r.returncode != 0 and "JitDisabledError: no cached kernel; run nvrtc-gather warmup" in r.stderr
+
+
+def test_worker_without_a_cuda_device_loads_nothing(tmp_path):
+    got = run("""
+        import json, torch
+        import nvrtc_gather.jit.runtime as runtime
+        calls = []
+        runtime.preload = lambda device=None, modules=None: calls.append(device)
+        torch.cuda.is_available = lambda: False
+        from nvrtc_gather.integrations import vllm_worker
+        vllm_worker._state["ops"] = ("cp_gather_indexer_k_quant_cache",)
+        vllm_worker.preload_worker(object())
+        print(json.dumps({"calls": calls, "status": vllm_worker.status()}))
+    """)
+    assert got == {"calls": [], "status": "not loaded: this worker has no CUDA device"}
+
+
+REAL_PRELOAD = """
+    import json, torch
+    import nvrtc_gather.jit.runtime as runtime
+    from nvrtc_gather.integrations import vllm
+    vllm.plugin()
+    import vllm.v1.worker.worker_base as wb
+    try:
+        wb.WorkerWrapperBase(torch.cuda.device_count() - 1).init_device()
+        error = None
+    except Exception as e:
+        error = type(e).__name__
+    print(json.dumps({"loaded": sorted(f"{m}@{d}" for m, d in runtime._loaded), "error": error,
+                      "status": vllm.status().preload, "last": torch.cuda.device_count() - 1}))
+"""
+
+
+@pytest.mark.gpu
+def test_worker_hook_really_loads_the_kernels_on_that_gpu_only(tmp_path):
+    got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "cache"))
+    d = got["last"]
+    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (6 modules")
+    assert got["loaded"] == sorted(f"{m}@{d}" for m in ("gather_indexer_k_v16", "gather_indexer_k_v8",
+                                                        "gather_indexer_k_v4", "quant_cache_bf16_v16",
+                                                        "quant_cache_bf16_v8", "quant_cache_bf16_any"))
+
+
+@pytest.mark.gpu
+def test_worker_with_jit_disabled_and_a_cold_cache_fails_at_init_device(tmp_path):
+    got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "empty"),
+              NVRTC_GATHER_DISABLE_JIT="1")
+    assert got["error"] == "JitDisabledError" and got["loaded"] == []

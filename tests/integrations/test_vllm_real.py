@@ -1,0 +1,167 @@
+"""The vLLM plugin proven against vLLM's own code (issue 16): vLLM's plugin loader
+(``vllm.plugins.load_general_plugins``) loads our entry point, and vLLM's own wrappers
+(``vllm._custom_ops``) run our kernels' CPU paths bit-exact; our schemas are the strings vLLM's
+compiled library carries; the worker hook relies on what vLLM's worker module does.
+
+Runs in the environment ``scripts/setup_vllm_env.sh`` creates (``.venv-vllm``: vllm 0.33.0
+installed with --no-deps beside CPU torch, this checkout installed editable so that its entry
+point is visible). Without it these tests skip, unless NVRTC_GATHER_REQUIRE_VLLM_ENV=1 (set by
+.ci/run), where a missing environment fails. vLLM's compiled ops need libtorch_cuda and a
+driver, so on CPU the schemas are the ones ``register()`` defines."""
+import ast
+import os
+import re
+
+import pytest
+
+from helpers.fresh_python import REPO, run, run_raw
+from nvrtc_gather.integrations.vllm import SCHEMAS
+
+VENV = os.environ.get("NVRTC_GATHER_VLLM_VENV", os.path.join(REPO, ".venv-vllm"))
+PYTHON = os.path.join(VENV, "bin", "python")
+
+
+def _site_vllm() -> str:
+    found = [os.path.join(root, "vllm") for root, dirs, _ in os.walk(os.path.join(VENV, "lib"))
+             if "vllm" in dirs and root.endswith("site-packages")]
+    return found[0] if found else ""
+
+
+@pytest.fixture(scope="module")
+def vllm_dir():
+    if not os.path.exists(PYTHON) or not _site_vllm():
+        msg = f"no vLLM test environment at {VENV}: run scripts/setup_vllm_env.sh"
+        if os.environ.get("NVRTC_GATHER_REQUIRE_VLLM_ENV") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return _site_vllm()
+
+
+LOAD_AND_CALL = """
+    import dataclasses, json, random, torch
+    import vllm.logger, vllm.plugins
+    # vLLM's processes configure its logger before loading plugins (0.33: configure_logging in the
+    # engine and worker entry points); this is its bootstrap from its environment variables.
+    vllm.logger._configure_vllm_root_logger()
+    vllm.plugins.load_general_plugins()  # vLLM's own loader: entry points, VLLM_PLUGINS
+    import nvrtc_gather as ng
+    from nvrtc_gather.integrations import vllm as adapter
+    out = {"status": dataclasses.asdict(adapter.status())}
+    if out["status"]["registered"]:
+        import vllm._custom_ops as ops  # vLLM's own wrappers, calling torch.ops._C_cache_ops
+        from helpers.reference import make_gather_case, make_quant_case, gather_reference
+        rng = random.Random(3)
+        case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=6, max_len=300)
+        k_ref, s_ref = gather_reference(case.kv_cache, case.block_table, case.cu_seq_lens, case.dst_k.size(0),
+                                        case.head_dim, case.scale_words)
+        ops.cp_gather_indexer_k_quant_cache(*case.args())
+        out["gather"] = torch.equal(case.dst_k.view(torch.uint8), k_ref) and \\
+            torch.equal(case.dst_scale.view(torch.uint8), s_ref)
+        for fmt in ("ue8m0", "fp8_e4m3", "mxfp8") if "indexer_k_quant_and_cache" in out["status"]["ops"] else ():
+            case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=torch.bfloat16,
+                                   scale_fmt="ue8m0", num_tokens=70)
+            got, want = case.kv_cache.clone(), case.kv_cache.clone()
+            ops.indexer_k_quant_and_cache(case.k, got, case.slot_mapping, 128, fmt)
+            torch.ops._C_cache_ops.indexer_k_quant_and_cache(case.k, want, case.slot_mapping, 128, fmt)
+            mine = case.kv_cache.clone()
+            ng.indexer_k_quant_and_cache(case.k, mine, case.slot_mapping, 128, "ue8m0" if fmt != "fp8_e4m3" else None)
+            out[fmt] = torch.equal(got, want) and not torch.equal(got, case.kv_cache) and \\
+                (torch.equal(got, mine) if fmt != "mxfp8" else not torch.equal(got, mine))
+    print(json.dumps(out))
+"""
+
+
+def _load(**env):
+    r = run_raw(LOAD_AND_CALL, python=PYTHON, timeout=600, **env)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    lines = r.stdout.strip().splitlines()
+    import json
+    return json.loads(lines[-1]), r.stdout + r.stderr
+
+
+def test_vllms_loader_loads_the_plugin_and_vllms_wrappers_run_our_ops(vllm_dir):
+    got, log = _load()
+    assert got["status"] == {"registered": True, "ops": list(SCHEMAS), "schemas": "nvrtc_gather",
+                             "activated_by": "plugin", "disabled_by": None,
+                             "preload": "waiting for vllm.v1.worker.worker_base"}, got
+    assert got["gather"] and got["ue8m0"] and got["fp8_e4m3"] and got["mxfp8"], got
+    # vLLM's logger (its own handler, propagate=False) carries our line
+    assert re.search(r"INFO .*nvrtc_gather: torch\.ops\._C_cache_ops\.\{cp_gather_indexer_k_quant_cache, "
+                     r"indexer_k_quant_and_cache\} now run nvrtc_gather's kernels", log), log[-3000:]
+
+
+@pytest.mark.parametrize("plugins, loaded", [("nvrtc_gather", True), ("other,nvrtc_gather", True),
+                                             ("other, nvrtc_gather", False), ("", False), ("other", False)])
+def test_vllm_plugins_is_honoured_exactly_as_vllm_parses_it(vllm_dir, plugins, loaded):
+    """VLLM_PLUGINS is vLLM's allow-list, split on "," without stripping (vllm/envs.py): with a
+    space before the name, vLLM never calls us (README says so)."""
+    got, _ = _load(VLLM_PLUGINS=plugins)
+    assert got["status"]["registered"] is loaded, got
+
+
+def test_switched_off_under_vllm_leaves_vllms_ops_and_says_so(vllm_dir):
+    got, log = _load(NVRTC_GATHER_VLLM="off")
+    assert got["status"]["registered"] is False and got["status"]["disabled_by"] == "NVRTC_GATHER_VLLM=0"
+    assert "nvrtc_gather: vLLM plugin loaded but off (NVRTC_GATHER_VLLM=0)" in log, log[-3000:]
+
+
+def test_only_the_gather_under_vllm(vllm_dir):
+    got, log = _load(NVRTC_GATHER_VLLM_OPS="gather")
+    assert got["status"]["ops"] == ["cp_gather_indexer_k_quant_cache"] and got["gather"] and "mxfp8" not in got, got
+    assert "indexer_k_quant_and_cache left to vLLM" in log
+
+
+def test_our_schemas_are_the_strings_in_vllms_compiled_library(vllm_dir):
+    found = {}
+    for name in os.listdir(vllm_dir):
+        if name.endswith(".so"):
+            with open(os.path.join(vllm_dir, name), "rb") as f:
+                data = f.read()
+            for op in SCHEMAS:
+                for m in re.finditer(re.escape(op.encode()) + rb"\([^\x00]*?\) -> \(\)", data):
+                    found.setdefault(op, set()).add((name, m.group().decode()))
+    for op, schema in SCHEMAS.items():
+        assert {s for _, s in found.get(op, ())} == {schema}, (op, found.get(op))
+
+
+def _method(tree, cls, name):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return item
+    return None
+
+
+def _calls(fn) -> list[str]:
+    return [ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+
+
+def test_the_worker_hook_matches_vllms_worker_code(vllm_dir):
+    """What integrations/vllm_worker.py relies on, read in vLLM's installed source (importing the
+    worker module needs vLLM's full dependency set): plugins are loaded in
+    WorkerWrapperBase.init_worker; its init_device calls the worker's, which sets the device;
+    both executors call the wrapper's init_device."""
+    def tree(*parts):
+        with open(os.path.join(vllm_dir, *parts)) as f:
+            return ast.parse(f.read())
+    base = tree("v1", "worker", "worker_base.py")
+    assert "load_general_plugins" in _calls(_method(base, "WorkerWrapperBase", "init_worker"))
+    assert "self.worker.init_device" in _calls(_method(base, "WorkerWrapperBase", "init_device"))
+    gpu = _calls(_method(tree("v1", "worker", "gpu_worker.py"), "Worker", "init_device"))
+    assert "torch.accelerator.set_device_index" in gpu or "torch.cuda.set_device" in gpu, gpu
+    for executor in ("uniproc_executor.py", "multiproc_executor.py"):
+        src = open(os.path.join(vllm_dir, "v1", "executor", executor)).read()
+        assert "WorkerWrapperBase(" in src and ".init_device()" in src, executor
+
+
+def test_the_plugin_never_imports_vllms_worker_module_itself(vllm_dir):
+    got = run("""
+        import json, sys
+        import vllm.plugins
+        vllm.plugins.load_general_plugins()
+        from nvrtc_gather.integrations import vllm_worker
+        print(json.dumps({"imported": "vllm.v1.worker.worker_base" in sys.modules,
+                          "status": vllm_worker.status()}))
+    """, python=PYTHON, timeout=600)
+    assert got == {"imported": False, "status": "waiting for vllm.v1.worker.worker_base"}

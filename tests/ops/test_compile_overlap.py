@@ -1,0 +1,95 @@
+"""torch.compile refuses an output that overlaps an input on every backend (issue 16, item 7).
+
+Under ``backend="aot_eager"`` the compiled graph hands the op copies of its outputs, so the
+eager pointer check cannot see a ``dst_k`` that is a view of ``kv_cache``; the copy-back then
+overwrites the cache. The fake implementations must refuse it at trace time, nothing written."""
+import pytest
+import torch
+
+import nvrtc_gather as ng
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+def _raises_overlap(fn, *args, match):
+    with pytest.raises(Exception) as info:  # dynamo wraps the fake's ValueError in its TorchRuntimeError
+        fn(*args)
+    assert isinstance(info.value, ValueError) or type(info.value).__name__ == "TorchRuntimeError", info.value
+    assert match in str(info.value), str(info.value)[:2000]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_output_viewing_the_cache_is_refused_and_nothing_is_written(backend):
+    torch._dynamo.reset()
+    kv = torch.randint(0, 256, (4, 64, 132), dtype=torch.uint8)
+    before = kv.clone()
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    cu = torch.tensor([0, 100], dtype=torch.int32)
+
+    def step(kv, bt, cu):
+        dst_k = kv.view(-1)[64 * 132 * 2: 64 * 132 * 2 + 100 * 128].view(100, 128)  # inside block 2
+        dst_s = torch.empty(100, 4, dtype=torch.uint8)
+        ng.cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
+        return dst_s
+
+    _raises_overlap(torch.compile(step, fullgraph=True, backend=backend), kv, bt, cu,
+                    match="dst_k: its memory overlaps kv_cache")
+    assert torch.equal(kv, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_scale_output_viewing_the_block_table_is_refused(backend):
+    torch._dynamo.reset()
+    kv = torch.randint(0, 256, (4, 64, 132), dtype=torch.uint8)
+    table = torch.zeros(12, 8, dtype=torch.int32)
+    before = table.clone()
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+
+    def step(kv, table, cu):
+        dst_s = table.view(torch.uint8)[0:10, 0:4]  # 10 rows of 4 bytes, 32 apart: across row 1 of table
+        ng.cp_gather_indexer_k_quant_cache(kv, torch.empty(10, 128, dtype=torch.uint8), dst_s, table[1:2], cu)
+        return dst_s
+
+    _raises_overlap(torch.compile(step, fullgraph=True, backend=backend), kv, table, cu,
+                    match="dst_scale: its memory overlaps block_table")
+    assert torch.equal(table, before)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_disjoint_views_of_one_buffer_still_compile(backend):
+    """Outputs and inputs carved from one workspace without overlap are accepted (and correct)."""
+    torch._dynamo.reset()
+    work = torch.randint(0, 256, (4 * 64 * 132 + 100 * 128 + 100 * 4,), dtype=torch.uint8)
+    kv_bytes = 4 * 64 * 132
+    bt = torch.tensor([[3, 1]], dtype=torch.int32)
+    cu = torch.tensor([0, 100], dtype=torch.int32)
+
+    def step(work, bt, cu):
+        kv = work[:kv_bytes].view(4, 64, 132)
+        dst_k = work[kv_bytes: kv_bytes + 100 * 128].view(100, 128)
+        dst_s = work[kv_bytes + 100 * 128:].view(100, 4)
+        ng.cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
+        return dst_k.to(torch.int64).sum()
+
+    expect = work.clone()
+    ng.cp_gather_indexer_k_quant_cache(expect[:kv_bytes].view(4, 64, 132), expect[kv_bytes: kv_bytes + 12800].view(100, 128),
+                                       expect[kv_bytes + 12800:].view(100, 4), bt, cu)
+    torch.compile(step, fullgraph=True, backend=backend)(work, bt, cu)
+    assert torch.equal(work, expect)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_op_cache_viewing_k_is_refused_and_nothing_is_written(backend):
+    torch._dynamo.reset()
+    k = torch.randn(40, 128, generator=torch.Generator().manual_seed(4))  # 20480 bytes of fp32
+    before = k.clone()
+    slots = torch.arange(8, dtype=torch.int64)
+
+    def step(k, slots):
+        kv = k.view(torch.uint8).view(-1)[: 2 * 16 * 132].view(2, 16, 132)  # the cache inside k's first rows
+        ng.indexer_k_quant_and_cache(k, kv, slots, 128, "ue8m0")
+        return kv
+
+    _raises_overlap(torch.compile(step, fullgraph=True, backend=backend), k, slots,
+                    match="kv_cache: its memory overlaps k")
+    assert torch.equal(k, before)
