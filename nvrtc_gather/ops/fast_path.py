@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..jit import runtime
+
 
 class Launch(NamedTuple):
     """One ready launch of a layout: the module, its entry point, the grid, and the packer
@@ -49,3 +51,14 @@ def layout_key5(a, b, c, d, e) -> tuple:
     return (a.device, a.dtype, a.shape, a.stride(), b.device, b.dtype, b.shape, b.stride(),
             c.device, c.dtype, c.shape, c.stride(), d.device, d.dtype, d.shape, d.stride(),
             e.device, e.dtype, e.shape, e.stride())
+
+
+def launch(device: int, ready: Launch, handles: dict, vec: int, fill) -> None:
+    """Run one of a layout's ready launches on torch's current stream of ``device``: its module
+    is loaded on first use (kept in the layout's ``handles`` by vector width), ``fill(buf,
+    error)`` packs the struct (the op binds the data pointers by name)."""
+    stream = runtime.current_stream(device)
+    handle = handles.get(vec)
+    if handle is None:  # first call with this vector width: the module is loaded already or now
+        handle = handles[vec] = runtime.load(ready.module, device, stream)
+    handle.launch(ready.entry, ready.grid, stream, fill)

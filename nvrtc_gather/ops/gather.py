@@ -12,9 +12,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..jit import driver, runtime
+from ..jit import driver
 from ..kernels import gather as spec
-from . import checks, fake_checks, library, paged_layout
+from . import checks, fake_checks, fast_path, library, paged_layout
 from .fast_path import Launch, LayoutMemo, layout_key5
 from .gather_torch import gather_torch
 
@@ -254,17 +254,12 @@ def _layout(p: GatherPlan, module=None) -> GatherLayout:
 def _run(layout: GatherLayout, kv_p: int, k_p: int, s_p: int, bt_p: int, cu_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = spec.vector_width(kv_p | k_p | layout.low_bits)
-    launch = layout.launches[vec]
-    device = layout.device
-    stream = runtime.current_stream(device)
-    handle = layout.handles.get(vec)
-    if handle is None:  # first call with this vector width: the module is loaded already or now
-        handle = layout.handles[vec] = runtime.load(launch.module, device, stream)
-    pack = launch.pack
+    ready = layout.launches[vec]
+    pack = ready.pack
 
     def fill(buf, error):
         pack(buf, kv_cache=kv_p, dst_k=k_p, dst_scale=s_p, block_table=bt_p, cu_seq_lens=cu_p, error=error)
-    handle.launch(launch.entry, launch.grid, stream, fill)
+    fast_path.launch(layout.device, ready, layout.handles, vec, fill)
 
 
 _layouts = LayoutMemo()

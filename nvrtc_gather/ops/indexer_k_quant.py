@@ -13,9 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..jit import runtime
 from ..kernels import indexer_k_quant as spec
-from . import checks, fake_checks, library, paged_layout
+from . import checks, fake_checks, fast_path, library, paged_layout
 from .fast_path import Launch, LayoutMemo, layout_key3
 from .indexer_k_quant_torch import quant_torch
 
@@ -209,6 +208,8 @@ def _layout(p: QuantPlan, module=None) -> QuantLayout:
     the op's module for it (or from ``module``, another build holding the entry points)."""
     launches = {}
     for vec in spec.VECTOR_WIDTHS:
+        if vec and spec.vector_width(vec, p.element_size, p.head_dim, p.quant_block_size) != vec:
+            continue  # a width this layout never takes, whatever k's alignment
         q = p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size, p.head_dim))
         fixed = {n: v for n, v in struct_fields(q).items() if n not in _POINTERS}
         cfg = launch_config(q)
@@ -221,17 +222,12 @@ def _layout(p: QuantPlan, module=None) -> QuantLayout:
 def _run(layout: QuantLayout, k_p: int, sm_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = spec.vector_width(k_p | layout.low_bits, layout.element_size, layout.head_dim, layout.quant_block_size)
-    launch = layout.launches[vec]
-    device = layout.device
-    stream = runtime.current_stream(device)
-    handle = layout.handles.get(vec)
-    if handle is None:  # first call with this vector width: the module is loaded already or now
-        handle = layout.handles[vec] = runtime.load(launch.module, device, stream)
-    pack = launch.pack
+    ready = layout.launches[vec]
+    pack = ready.pack
 
     def fill(buf, error):
         pack(buf, k=k_p, slot_mapping=sm_p, kv_cache=kv_p, error=error)
-    handle.launch(launch.entry, launch.grid, stream, fill)
+    fast_path.launch(layout.device, ready, layout.handles, vec, fill)
 
 
 _layouts = LayoutMemo()

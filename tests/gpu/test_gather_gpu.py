@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
+from nvrtc_gather.kernels import gather as gather_kernels
 from nvrtc_gather.ops import gather
 from nvrtc_gather.ops.gather_torch import gather_torch
 from helpers.reference import (MALFORMED, SENTINEL, SINGLE_REQUEST_FAULTS, assert_no_allocation_on_a_side_stream,
@@ -170,7 +171,8 @@ SHAPES = pytest.mark.parametrize("tpc", [None, 37], ids=["tiny", "blocks"])
 
 def _force_rows_per_block(monkeypatch, tpc):
     if tpc is not None:
-        monkeypatch.setattr(gather, "tokens_per_cta", lambda head_dim, num_tokens, sm_count: tpc)
+        monkeypatch.setattr(gather_kernels, "tokens_per_cta", lambda head_dim, num_tokens, sm_count: tpc)
+        monkeypatch.setattr(gather, "_layouts", gather.LayoutMemo())  # no layout planned with another choice
 
 
 @SHAPES

@@ -291,3 +291,27 @@ def test_write_op_fast_path_launches_exactly_what_the_full_checks_would(fake, mo
     with pytest.raises(TypeError, match="quant_block_size"):  # True == 1 must not hit a layout of 1
         indexer_k_quant.indexer_k_quant_and_cache(k_at(0), kv, slots, True, "ue8m0")
     assert len(fake.launches) == launches
+
+
+@pytest.mark.parametrize("dtype, head_dim, qbs", [(torch_dtype, hd, qbs) for torch_dtype in ("bfloat16", "float32")
+                                                  for hd, qbs in ((4, 1), (4, 2), (2048, 128), (4096, 4096), (1024, 32))])
+def test_write_op_layouts_of_unusual_shapes_launch_what_the_plan_says(fake, monkeypatch, dtype, head_dim, qbs):
+    """A layout prepares a launch only for the vector widths its shape can take (a 4-wide head
+    has none: the generic kernel), and the launch is the plan's."""
+    import torch
+
+    from nvrtc_gather.ops import indexer_k_quant
+
+    real_plan = indexer_k_quant.plan_quant
+    monkeypatch.setattr(indexer_k_quant, "plan_quant", lambda *a: real_plan(*a)._replace(device=0))
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(indexer_k_quant, "_layouts", indexer_k_quant.LayoutMemo())
+    fake.current = 7
+    k = torch.randn(3, head_dim, dtype=getattr(torch, dtype))
+    kv = torch.zeros(2, 4, head_dim + 4 * (head_dim // qbs), dtype=torch.uint8)
+    slots = torch.arange(3, dtype=torch.int64)
+    indexer_k_quant.indexer_k_quant_and_cache(k, kv, slots, qbs, "ue8m0")
+    plan = real_plan(k, kv, slots, qbs, "ue8m0")
+    name, grid, fields = indexer_k_quant.launch_config(plan)
+    assert fake.grid == grid and fake.params[:quant_kernels.PARAMS.layout.size] == quant_kernels.PARAMS.pack(
+        **fields, error=0)
