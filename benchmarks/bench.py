@@ -475,9 +475,9 @@ def main(argv=None) -> int:
     print(HEADER)
     rows = bench_workloads(args.reps, args.loop_max_batch, GATHER_VARIANTS if args.gather_variants else ())
     host = host_cost()
-    print(f"host cost per call (median of {host['calls']}): op {host['op_us']:.2f} us, torch copy_ "
-          f"{host['torch_copy_us']:.2f} us; parts: " + ", ".join(
-              f"{k[:-3]} {v:.2f}" for k, v in host.items() if k.endswith("_us") and k not in ("op_us", "torch_copy_us", "op_first_us")))
+    print(f"host cost per call (median of {host['calls']}), µs: " + ", ".join(
+        f"{k[:-3]} {v:.2f}" + (f" ({host[k[:-3] + '_over_copy']}x copy_)" if k[:-3] + "_over_copy" in host else "")
+        for k, v in host.items() if k.endswith("_us")), flush=True)
     quant = []
     if not args.skip_quant:
         from bench_quant import bench_quant
