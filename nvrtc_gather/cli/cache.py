@@ -125,13 +125,15 @@ def _verify(disk: cubin_cache.DiskCache, fix: bool, archs: list[str] | None) -> 
     if bad and not fix:
         print("run `nvrtc-gather cache verify --fix` to delete the bad files (they are also replaced at next use)")
     _report_failures(failed, disk.directory, "nvrtc-gather cache verify --fix")
-    serves = _check_serves(disk, archs, problem) if archs else True
+    serves = _check_serves(disk, images, archs, problem) if archs else True
     return 1 if (bad and not fix) or failed or problem or not serves else 0
 
 
-def _check_serves(disk: cubin_cache.DiskCache, archs: list[str], problem: str | None) -> bool:
+def _check_serves(disk: cubin_cache.DiskCache, images: list[cubin_cache.ImageFile], archs: list[str],
+                  problem: str | None) -> bool:
     """Whether a process of this install, on a GPU of each arch, finds every kernel the ops
-    can load in this cache (so it compiles nothing): each arch is mapped as warmup maps it."""
+    can load in this cache (so it compiles nothing): each arch is mapped as warmup maps it, and
+    a module is there when ``images`` (the scan, verified) hold an intact file under its key."""
     from ..errors import MissingDependencyError
     from ..jit import build, spec
     from .warmup import parse_arch
@@ -141,14 +143,13 @@ def _check_serves(disk: cubin_cache.DiskCache, archs: list[str], problem: str | 
     except (ValueError, MissingDependencyError) as exc:
         sys.stderr.write(f"error: --arch: {exc}\n")
         return False
+    intact = {i.key for i in images if i.valid}  # a key names one module and arch
     ok = problem is None
     for t in targets:
         missing = []
         modules = spec.registered()
         for m in modules:
-            key = build.cache_key(m, t)
-            blob, why = cubin_cache.read_image_file(disk.path_for(build.cache_name(m, t), key))
-            if why or cubin_cache.image_file_problem(key, blob):
+            if build.cache_key(m, t) not in intact:
                 missing.append(m.name)
         print(f"{t.arch}: {len(modules) - len(missing)} of {len(modules)} kernel modules present and current"
               + (f"; missing: {', '.join(missing)}" if missing else ""))

@@ -139,6 +139,7 @@ def _vllm(lines, notes) -> None:
     own process: inside vLLM, ``nvrtc_gather.integrations.vllm.status()`` says what it did)."""
     from importlib import metadata
 
+    from ..errors import InvalidSettingError
     from ..integrations import activation
 
     try:
@@ -151,18 +152,21 @@ def _vllm(lines, notes) -> None:
             will = f"switched off by {activation.ENABLE_ENV}"
         else:
             will = "replaces " + ", ".join(activation.vllm_ops()) + " in vLLM processes"
-    except ValueError as exc:
+    except ValueError as exc:  # a bad NVRTC_GATHER_VLLM is one of _variables' warnings already
         will = "INVALID setting"
-        notes.append(str(exc))
+        if not isinstance(exc, InvalidSettingError):
+            notes.append(str(exc))
     lines.append(("vLLM plugin", f"{where}; {will} (in a vLLM process: integrations.vllm.status())"))
 
 
 def _variables(lines, notes) -> None:
     for name, state in settings.describe():
         lines.append((name, state))
-        if "INVALID" in state and name != settings.VLLM_ENV:  # that one is reported by _vllm
-            notes.append(f"{name}={os.environ.get(name)!r} is not a boolean: the ops raise "
-                         "InvalidSettingError (at the first kernel load, or every call for the debug switch) until it is 1/true/yes/on, 0/false/no/off or unset")
+        if "INVALID" in state:  # the message the setting raises with where it is read
+            try:
+                settings.parse_flag(name, os.environ.get(name))
+            except ValueError as exc:
+                notes.append(str(exc))
 
 
 def collect() -> tuple[list[tuple[str, str]], list[str]]:

@@ -30,12 +30,12 @@ import torch
 
 from ..jit import runtime
 from ..kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+from ..ops.indexer_k_quant import TYPE_NAMES
 from . import activation
 
 MODULE = "vllm.v1.worker.worker_base"
 CLASS = "WorkerWrapperBase"
 _TAG = "_nvrtc_gather_preload"
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 _lock = threading.Lock()
 _state = {"ops": (), "logger": None, "status": "not installed"}
@@ -54,7 +54,7 @@ def modules_for(ops, dtype: torch.dtype | None = None) -> tuple:
     if activation.GATHER in ops:
         mods += gather_kernels.MODULES.values()
     if activation.QUANT in ops:
-        want = _DTYPES.get(dtype)
+        want = TYPE_NAMES.get(dtype)
         mods += [m for (dt, _), m in quant_kernels.MODULES.items() if want in (None, dt)]
     return tuple(mods)
 

@@ -241,13 +241,15 @@ def launch_config(p: GatherPlan) -> LaunchConfig:
 
 
 def _layout(p: GatherPlan, module=None) -> GatherLayout:
-    """The layout of a GPU plan with rows to copy: a ready launch per vector width, from the
-    op's module of that width (or from ``module``, another build holding the entry points)."""
-    fixed = {n: v for n, v in struct_fields(p).items() if n not in _NAMES}
-    pack = spec.PARAMS.packer(**fixed)
-    launches = {vec: Launch(module or spec.MODULES[vec], spec.entry_for(vec, p.tokens_per_cta, p.head_dim),
-                            spec.grid(p.num_tokens, p.tokens_per_cta), pack)
-                for vec in spec.VECTOR_WIDTHS}
+    """The layout of a GPU plan with rows to copy: for each vector width, launch_config's
+    launch, ready (from the op's module of that width, or from ``module``, another build holding
+    the entry points); the struct fields but the pointers do not depend on the width."""
+    launches = {}
+    for vec in spec.VECTOR_WIDTHS:
+        cfg = launch_config(p._replace(vec=vec))
+        if not launches:
+            pack = spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _NAMES})
+        launches[vec] = Launch(module or spec.MODULES[vec], cfg.entry, cfg.grid, pack)
     return GatherLayout(p.device, _low_bits(p), _extents(p), launches, {})
 
 

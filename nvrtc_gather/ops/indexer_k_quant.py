@@ -20,9 +20,9 @@ from .indexer_k_quant_torch import quant_torch
 
 _FP8 = torch.float8_e4m3fn
 _KV_DTYPES = (torch.uint8, _FP8)
-_K_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # k dtype -> the spec's name
+_K_DTYPES = tuple(TYPE_NAMES)
 _I64 = torch.int64
-_TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = ("k", "slot_mapping", "kv_cache")
 
@@ -86,7 +86,7 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
         checks.fits_int32(name, what, value)
     esize = k.element_size()
     plan = QuantPlan(
-        device=device, k_type=_TYPE_NAMES[k.dtype], element_size=esize, num_tokens=num_tokens, head_dim=head_dim,
+        device=device, k_type=TYPE_NAMES[k.dtype], element_size=esize, num_tokens=num_tokens, head_dim=head_dim,
         quant_block_size=qbs, num_blocks=num_blocks, block_size=block_size, cache_stride=cache_stride,
         num_slots=num_blocks * block_size, block_stride=block_stride, k_row_stride=k.stride(0) * esize,
         slot_stride=slot_mapping.stride(0), ue8m0=ue8m0, vec=0, tokens_per_pass=0,
@@ -210,11 +210,10 @@ def _layout(p: QuantPlan, module=None) -> QuantLayout:
     for vec in spec.VECTOR_WIDTHS:
         if vec and spec.vector_width(vec, p.element_size, p.head_dim, p.quant_block_size) != vec:
             continue  # a width this layout never takes, whatever k's alignment
-        q = p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size, p.head_dim))
-        fixed = {n: v for n, v in struct_fields(q).items() if n not in _POINTERS}
-        cfg = launch_config(q)
+        cfg = launch_config(p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size,
+                                                                                      p.head_dim)))
         launches[vec] = Launch(module or spec.MODULES[p.k_type, vec], cfg.entry, cfg.grid,
-                               spec.PARAMS.packer(**fixed))
+                               spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     return QuantLayout(p.device, _low_bits(p), p.element_size, p.head_dim, p.quant_block_size, _extents(p),
                        launches, {})
 

@@ -175,3 +175,12 @@ def test_info_says_what_the_vllm_plugin_will_do(env, says, monkeypatch, capsys):
     rc, out, _ = _run(capsys, "info")
     line = next(l for l in out.splitlines() if l.startswith("vLLM plugin"))
     assert rc == 0 and says in line
+
+
+def test_verify_arch_does_not_count_a_damaged_file(tmp_path, capsys, one_module):
+    """A file under the current key that fails verification does not serve."""
+    assert _run(capsys, "warmup", "--arch", "sm_90", "--cache-dir", str(tmp_path), "--no-progress")[0] == 0
+    (image,) = cubin_cache.DiskCache(tmp_path).scan().images
+    image.path.write_bytes(image.path.read_bytes()[:-1])  # truncated: checksum and length no longer hold
+    rc, out, _ = _run(capsys, "cache", "verify", "--arch", "sm_90", "--cache-dir", str(tmp_path))
+    assert rc == 1 and "BAD " in out and f"missing: {gather_kernels.MODULES[16].name}" in out
