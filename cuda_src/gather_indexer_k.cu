@@ -26,29 +26,11 @@
 // Shared memory is kept to 2 KiB on purpose: the driver sizes the SM's shared-memory
 // carve-out by it, and more costs small calls time.
 #include "gather_params.cuh"
+#include "request_search.cuh"
 
 // x / d for any x < 2^32 (FastDiv takes x < 2^31).
 __device__ __forceinline__ u32 udiv(const FastDiv& d, u32 x) {
     return d.shift >= 0 ? x >> d.shift : x / (u32)d.d;
-}
-
-// Largest r in [0, batch) with cu[r] <= row, assuming cu is non-decreasing
-// (with a malformed cu the answer is still in range; callers re-check it).
-// All 32 lanes of the warp must call it with the same row. No sum exceeds batch, so no
-// batch up to INT32_MAX overflows.
-__device__ __forceinline__ int warp_find_request(const i32* cu, int batch, int row) {
-    const int lane = threadIdx.x & 31;
-    int lo = 0, hi = batch;  // answer in [lo, hi)
-    while (hi - lo > 1) {
-        const int step = (int)(((u32)(hi - lo) + 31u) >> 5);
-        const int off = lane * step;  // <= 31 * step < 2^31
-        const bool le = off < hi - lo && __ldg(cu + lo + off) <= row;
-        const u32 m = __ballot_sync(0xffffffffu, le);
-        const int k = m ? 31 - __clz(m) : 0;
-        lo += k * step;
-        hi = lo + min(hi - lo, step);
-    }
-    return lo;
 }
 
 // Debug mode only: cu_seq_lens as a whole (start, order, total), checked by one block.

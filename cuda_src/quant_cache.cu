@@ -36,6 +36,7 @@
 // it on newer GPUs too (tests/helpers/builds.py).
 #include "quant_params.cuh"
 #include "fp8_e4m3.cuh"
+#include "half_bits.cuh"
 
 // Tokens per lane of the vector kernels (a block covers NG_QUNROLL * tokens_per_pass tokens):
 // -DNG_QUNROLL from the spec, nvrtc_gather/kernels/indexer_k_quant.py (UNROLL).
@@ -57,11 +58,6 @@ struct Bf16 { enum { SIZE = 2 }; };
 struct F16 { enum { SIZE = 2 }; };
 struct F32 { enum { SIZE = 4 }; };
 
-__device__ __forceinline__ float ng_half_to_float(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));  // exact; no cuda_fp16.h under NVRTC
-    return f;
-}
 
 // Per element type: the elements of a 32-bit word as fp32 (exact for every type), one element
 // from memory, and amax keys. A key orders like |x| with NaN above inf, so a max over keys

@@ -19,6 +19,9 @@ ERRORS = {  # name -> (code, message with the kernel's details a, b, c)
     "NG_ERR_CU_DECREASING": (5, "cu_seq_lens: must be non-decreasing, but entry {a} = {b} > entry {a}+1 = {c}"),
     "NG_ERR_CU_TOTAL": (6, "cu_seq_lens: cu_seq_lens[-1] = {a} exceeds the {b} rows of the destination"),
     "NG_ERR_SLOT": (7, "slot_mapping: entry {a} = {b} is past the cache's last slot ({c} slots)"),
+    "NG_ERR_WS_ORDER": (8, "workspace_starts: entry {a} = {b} is negative or below the entry before it ({c}); "
+                           "starts must be non-negative and non-decreasing"),
+    "NG_ERR_SEQ_START": (9, "seq_starts: entry {a} = {b} is negative"),
 }
 _MESSAGES = {code: message for code, message in ERRORS.values()}
 

@@ -1,0 +1,26 @@
+// Finding the request that owns a destination row, shared by the gathers: requests own
+// consecutive row ranges given by a non-decreasing int32 array of start rows (cu_seq_lens,
+// workspace_starts). ceil(log32(batch)) dependent loads per search instead of a scan over
+// every request.
+#pragma once
+#include "common.cuh"
+
+// Largest r in [0, batch) with starts[r] <= row, assuming starts is non-decreasing
+// (with malformed starts the answer is still in range; callers re-check it).
+// All 32 lanes of the warp must call it with the same row. No sum exceeds batch, so no
+// batch up to INT32_MAX overflows.
+__device__ __forceinline__ int warp_find_request(const i32* starts, int batch, int row) {
+    const int lane = threadIdx.x & 31;
+    int lo = 0, hi = batch;  // answer in [lo, hi)
+    while (hi - lo > 1) {
+        const int step = (int)(((u32)(hi - lo) + 31u) >> 5);
+        const int off = lane * step;  // <= 31 * step < 2^31
+        const bool le = off < hi - lo && __ldg(starts + lo + off) <= row;
+        const u32 m = __ballot_sync(0xffffffffu, le);
+        const int k = m ? 31 - __clz(m) : 0;
+        lo += k * step;
+        hi = lo + min(hi - lo, step);
+    }
+    return lo;
+}
+
