@@ -1,8 +1,13 @@
-"""nvrtc_gather: DeepSeek-V3.2 indexer-cache ops as CUDA C compiled at first use by NVRTC.
+"""nvrtc_gather: DeepSeek-V3.2 cache ops (the indexer's K cache and the MLA cache) as CUDA C
+compiled at first use by NVRTC.
 
 Public API:
     cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
+    concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False,
+                         ds_scale_rule="pow2")
+    cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, workspace_starts, batch_size,
+                                         seq_starts=None)
     preload(device=None)   compile/load every kernel now (e.g. before CUDA-graph capture)
 """
 import logging
@@ -13,6 +18,8 @@ from .errors import (CacheLocationError, CaptureError, CompileError, CudaError, 
 from .jit.runtime import preload
 from .ops.gather import cp_gather_indexer_k_quant_cache  # importing an op registers torch.ops.nvrtc_gather.*
 from .ops.indexer_k_quant import indexer_k_quant_and_cache
+from .ops.mla_gather import cp_gather_and_upconvert_fp8_kv_cache
+from .ops.mla_write import concat_and_cache_mla
 
 # A library prints nothing unless the application configures logging (the stdlib's advice):
 # without this, logging's last-resort handler would print our warnings on stderr.
@@ -22,6 +29,8 @@ __all__ = [
     "__version__",
     "cp_gather_indexer_k_quant_cache",
     "indexer_k_quant_and_cache",
+    "concat_and_cache_mla",
+    "cp_gather_and_upconvert_fp8_kv_cache",
     "preload",
     "NvrtcGatherError",
     "MissingDependencyError",

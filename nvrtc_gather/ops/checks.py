@@ -73,3 +73,26 @@ def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int
                 raise ValueError(
                     f"{w}: its memory overlaps {r} (bytes [{w_lo:#x}, {w_hi:#x}) and [{r_lo:#x}, {r_hi:#x})); "
                     f"the op reads {r} while it writes {w}, so they must not share storage")
+
+
+def extent(t: torch.Tensor, rows: int | None = None) -> int:
+    """Bytes from ``t``'s data pointer to the end of its last element (its address span, gaps
+    of a strided view included); 0 when empty. ``rows``: only its first rows count."""
+    shape = list(t.shape)
+    if rows is not None and shape:
+        shape[0] = min(shape[0], rows)
+    if not shape:
+        return t.element_size()
+    if 0 in shape:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(shape, t.stride())) + 1) * t.element_size()
+
+
+def plain_int(name: str, value) -> int:
+    """An int argument (a bool or a tensor is refused: torch would coerce either silently)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not hasattr(value, "__index__") or isinstance(value, torch.Tensor):
+        what = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise TypeError(f"{name}: expected an int, got {what}")
+    return value.__index__()

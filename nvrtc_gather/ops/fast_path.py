@@ -46,6 +46,12 @@ def layout_key3(a, b, c) -> tuple:
             c.device, c.dtype, c.shape, c.stride())
 
 
+def layout_key4(a, b, c, d) -> tuple:
+    """The metadata of four tensors (raises AttributeError for a non-tensor)."""
+    return (a.device, a.dtype, a.shape, a.stride(), b.device, b.dtype, b.shape, b.stride(),
+            c.device, c.dtype, c.shape, c.stride(), d.device, d.dtype, d.shape, d.stride())
+
+
 def layout_key5(a, b, c, d, e) -> tuple:
     """The metadata of five tensors (raises AttributeError for a non-tensor)."""
     return (a.device, a.dtype, a.shape, a.stride(), b.device, b.dtype, b.shape, b.stride(),
