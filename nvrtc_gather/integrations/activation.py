@@ -3,9 +3,10 @@
 ``NVRTC_GATHER_VLLM``: on by default; ``0``/``false``/``no``/``off``/empty turn the plugin off,
 ``1``/``true``/``yes``/``on`` keep it on (case-insensitive). Anything else raises, naming the
 variable: a typo must not silently leave vLLM's kernels (or ours) in place.
-``NVRTC_GATHER_VLLM_OPS``: which of vLLM's two ops to replace, comma-separated (default both):
-``gather`` (cp_gather_indexer_k_quant_cache) and ``quant`` (indexer_k_quant_and_cache); the
-ops' full names are accepted too."""
+``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (default all four):
+``gather`` (cp_gather_indexer_k_quant_cache), ``quant`` (indexer_k_quant_and_cache), ``mla_write``
+(concat_and_cache_mla) and ``mla_gather`` (cp_gather_and_upconvert_fp8_kv_cache); the ops' full
+names are accepted too."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,12 @@ OPS_ENV = settings.VLLM_OPS_ENV
 
 GATHER = "cp_gather_indexer_k_quant_cache"
 QUANT = "indexer_k_quant_and_cache"
-OP_NAMES = {"gather": GATHER, "quant": QUANT, GATHER: GATHER, QUANT: QUANT}
+MLA_WRITE = "concat_and_cache_mla"
+MLA_GATHER = "cp_gather_and_upconvert_fp8_kv_cache"
+ALL_OPS = (GATHER, QUANT, MLA_WRITE, MLA_GATHER)  # the fixed order ops are named in
+SHORT_NAMES = {"gather": GATHER, "quant": QUANT, "mla_write": MLA_WRITE, "mla_gather": MLA_GATHER}
+OP_NAMES = {**SHORT_NAMES, **{name: name for name in ALL_OPS}}
+
 
 def vllm_enabled() -> bool:
     """NVRTC_GATHER_VLLM as a strict boolean (settings.parse_flag: InvalidSettingError, a
@@ -27,10 +33,10 @@ def vllm_enabled() -> bool:
 
 
 def vllm_ops() -> tuple[str, ...]:
-    """The full names of the ops NVRTC_GATHER_VLLM_OPS selects, in a fixed order; unset means both."""
+    """The full names of the ops NVRTC_GATHER_VLLM_OPS selects, in a fixed order; unset means all."""
     raw = os.environ.get(OPS_ENV)
     if raw is None:
-        return (GATHER, QUANT)
+        return ALL_OPS
     return parse_ops(raw, OPS_ENV)
 
 
@@ -39,7 +45,7 @@ def parse_ops(raw: str, what: str) -> tuple[str, ...]:
     items = [item.strip().lower() for item in raw.split(",")]
     unknown = [item for item in items if item not in OP_NAMES]
     if unknown or not any(items):
-        raise ValueError(f"{what}={raw!r}: expected a comma-separated list of gather and/or quant "
+        raise ValueError(f"{what}={raw!r}: expected a comma-separated list of {', '.join(SHORT_NAMES)} "
                          f"(to turn the plugin off, set {ENABLE_ENV}=0)")
     chosen = {OP_NAMES[item] for item in items}
-    return tuple(name for name in (GATHER, QUANT) if name in chosen)
+    return tuple(name for name in ALL_OPS if name in chosen)

@@ -1,15 +1,23 @@
-"""Route vLLM's indexer-cache ops to nvrtc_gather's kernels.
+"""Route vLLM's DeepSeek-V3.2 cache ops to nvrtc_gather's kernels.
 
-``register()`` overrides the CUDA kernels of ``torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache``
-and ``torch.ops._C_cache_ops.indexer_k_quant_and_cache`` (vLLM's schemas, registered by its
-compiled library; ``vllm/_custom_ops.py`` calls them through ``torch.ops``) with nvrtc_gather's,
-through a ``torch.library`` FRAGMENT. Where vLLM's library is not loaded, it defines those schemas
-itself (with CPU kernels and fake implementations too), so the override also works, and is
-tested, without vLLM. Idempotent.
+``register()`` overrides the CUDA kernels of ``torch.ops._C_cache_ops.<op>`` for the indexer's
+``cp_gather_indexer_k_quant_cache`` and ``indexer_k_quant_and_cache`` and the MLA cache's
+``concat_and_cache_mla`` and ``cp_gather_and_upconvert_fp8_kv_cache`` (vLLM's schemas, registered
+by its compiled library; ``vllm/_custom_ops.py`` calls them through ``torch.ops``) with
+nvrtc_gather's, through a ``torch.library`` FRAGMENT. Where vLLM's library is not loaded, it
+defines those schemas itself (vLLM 0.33's, with CPU kernels and fake implementations too), so the
+override also works, and is tested, without vLLM. Idempotent.
+
+The MLA ops follow the schema of the vLLM that is loaded: ``skip_scale`` is honoured where the
+schema has it; calls we do not serve (the gather's host-offload arguments ``host_cache`` /
+``host_row_ids`` / ``device_row_ids``, a ``kv_cache_dtype`` outside ours such as ``"fp8_e5m2"``)
+go to vLLM's own kernel, fetched before the override (``torch.library.get_kernel``); an op whose
+schema we cannot serve at all (vLLM's oldest gather, with ``seq_lens``) is left to vLLM, and the
+log says why.
 
 As a vLLM plugin: the package declares the ``vllm.general_plugins`` entry point ``nvrtc_gather``
 (:func:`plugin`). vLLM calls it in every process (``vllm/plugins/__init__.py:
-load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces both ops unless
+load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces all four ops unless
 ``NVRTC_GATHER_VLLM=0`` (integrations/activation.py), and loads the kernels on each worker's GPU
 when the worker has set its device (integrations/vllm_worker.py).
 
@@ -19,6 +27,7 @@ bytes (integrations/mx_scales.py), any other string plain fp32 scales."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import logging
 import sys
@@ -27,9 +36,12 @@ import warnings
 
 import torch
 
-from .. import cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache
+from .. import concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, cp_gather_indexer_k_quant_cache, \
+    indexer_k_quant_and_cache
 from ..ops.gather import gather_fake
 from ..ops.indexer_k_quant import quant_fake
+from ..ops.mla_gather import gather_fake as mla_gather_fake
+from ..ops.mla_write import FORMATS as MLA_FORMATS, write_fake as mla_write_fake
 from . import activation, mx_scales, vllm_worker
 
 NAMESPACE = "_C_cache_ops"
@@ -41,11 +53,21 @@ SCHEMAS = {
                                        "Tensor! dst_scale, Tensor block_table, Tensor cu_seq_lens) -> ()",
     "indexer_k_quant_and_cache": "indexer_k_quant_and_cache(Tensor k, Tensor! kv_cache, Tensor slot_mapping, "
                                  "int quant_block_size, str kv_cache_dtype) -> ()",
+    "concat_and_cache_mla": "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
+                            "str kv_cache_dtype, Tensor scale, bool skip_scale=False) -> ()",
+    "cp_gather_and_upconvert_fp8_kv_cache": "cp_gather_and_upconvert_fp8_kv_cache(Tensor src_cache, Tensor! dst, "
+                                            "Tensor block_table, Tensor workspace_starts, int batch_size, "
+                                            "Tensor? seq_starts, Tensor? host_cache=None, Tensor? host_row_ids=None, "
+                                            "Tensor? device_row_ids=None) -> ()",
 }
-_SHORT = {"cp_gather_indexer_k_quant_cache": "gather", "indexer_k_quant_and_cache": "quant"}
+# The arguments our implementations take, in order: a loaded schema must name a prefix of them
+# (older vLLMs have fewer trailing arguments); anything else is left to vLLM.
+_ARGUMENTS = {name: [a.split()[-1].split("=")[0] for a in schema.split("(", 1)[1].rsplit(")", 2)[0].split(", ")]
+              for name, schema in SCHEMAS.items()}
 
 _lock = threading.Lock()
 _libraries: dict[str, torch.library.Library] = {}  # op -> its FRAGMENT, kept alive: dropping it undoes the override
+_skipped: dict[str, str] = {}  # op -> why it was left to vLLM
 _state = {"schemas": None, "activated_by": None, "disabled_by": None}
 
 
@@ -61,6 +83,7 @@ class VllmStatus:
     activated_by: ``"plugin"`` (vLLM's plugin loader), ``"register()"`` (a direct call), or None.
     disabled_by: e.g. ``"NVRTC_GATHER_VLLM=0"`` when the plugin ran but was switched off.
     preload: the worker hook's state (integrations/vllm_worker.py: ``status()``).
+    left_to_vllm: ops asked for but left to vLLM, with why (a loaded schema we do not serve).
     """
 
     registered: bool
@@ -69,13 +92,14 @@ class VllmStatus:
     activated_by: str | None
     disabled_by: str | None
     preload: str
+    left_to_vllm: dict
 
 
 def status() -> VllmStatus:
     """The adapter's state in this process: whether vLLM's ops were replaced, which, how."""
     ops = tuple(name for name in SCHEMAS if name in _libraries)
     return VllmStatus(bool(ops), ops, _state["schemas"], _state["activated_by"], _state["disabled_by"],
-                      vllm_worker.status())
+                      vllm_worker.status(), dict(_skipped))
 
 
 def logger() -> logging.Logger:
@@ -97,8 +121,42 @@ def _quant(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtype) -> None:
                               "ue8m0" if kv_cache_dtype == "ue8m0" else None)
 
 
-_IMPLS = {"cp_gather_indexer_k_quant_cache": (cp_gather_indexer_k_quant_cache, gather_fake),  # the same arguments
-          "indexer_k_quant_and_cache": (_quant, quant_fake)}
+def _mla_write(vllm_kernel, keyset, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *skip_scale):
+    # ``skip_scale`` where the loaded schema has it (vLLM 0.33), passed on exactly as received
+    if kv_cache_dtype not in MLA_FORMATS:  # e.g. "fp8_e5m2": vLLM's own kernel, where there is one
+        return _to_vllm(vllm_kernel, keyset, "concat_and_cache_mla", f"kv_cache_dtype={kv_cache_dtype!r}", kv_c, k_pe,
+                        kv_cache, slot_mapping, kv_cache_dtype, scale, *skip_scale)
+    # the tile scales by vLLM's current rule (its fused Triton writer in 0.33 uses it too)
+    concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *skip_scale)
+
+
+def _mla_gather(vllm_kernel, keyset, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None,
+                host_cache=None, host_row_ids=None, device_row_ids=None):
+    if host_cache is not None or host_row_ids is not None or device_row_ids is not None:
+        # HiSparse's host-offload form: its semantics are vLLM's kernel's, not ours to guess
+        return _to_vllm(vllm_kernel, keyset, "cp_gather_and_upconvert_fp8_kv_cache", "host-offload arguments",
+                        src_cache, dst, block_table, workspace_starts, batch_size, seq_starts, host_cache,
+                        host_row_ids, device_row_ids)
+    cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+
+
+def _to_vllm(vllm_kernel, keyset, name: str, why: str, *args):
+    """Run vLLM's own CUDA kernel of ``name`` (fetched before the override) on a call we do not serve."""
+    if vllm_kernel is None:
+        raise NotImplementedError(f"nvrtc_gather's {name} does not serve calls with {why}, and vLLM's own kernel "
+                                  f"is not available here; set {activation.OPS_ENV} to leave this op to vLLM")
+    return vllm_kernel.call_boxed(keyset, *args)
+
+
+def _mla_gather_fake(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None, *host):
+    mla_gather_fake(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+
+
+# name -> (implementation, fake, whether it takes vLLM's original kernel and the keyset first)
+_IMPLS = {"cp_gather_indexer_k_quant_cache": (cp_gather_indexer_k_quant_cache, gather_fake, False),
+          "indexer_k_quant_and_cache": (_quant, quant_fake, False),
+          "concat_and_cache_mla": (_mla_write, mla_write_fake, True),
+          "cp_gather_and_upconvert_fp8_kv_cache": (_mla_gather, _mla_gather_fake, True)}
 
 
 def _has_schema(name: str) -> bool:
@@ -107,6 +165,22 @@ def _has_schema(name: str) -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def _unservable(name: str) -> str | None:
+    """Why vLLM's loaded schema of ``name`` cannot be served by our implementation, or None."""
+    loaded = [a.name for a in torch._C._get_schema(f"{NAMESPACE}::{name}", "").arguments]
+    if loaded != _ARGUMENTS[name][:len(loaded)]:
+        return f"vLLM's schema ({', '.join(loaded)}) is not one nvrtc_gather implements"
+    return None
+
+
+def _vllm_kernel(name: str):
+    """vLLM's own CUDA kernel of ``name`` (None where torch cannot hand it out, or there is none)."""
+    try:
+        return torch.library.get_kernel(f"{NAMESPACE}::{name}", "CUDA")
+    except (AttributeError, RuntimeError):  # torch < 2.9; no CUDA kernel registered
+        return None
 
 
 def _load_vllm_library() -> None:
@@ -126,13 +200,13 @@ def _load_vllm_library() -> None:
 
 def register(ops=None) -> tuple[str, ...]:
     """Make vLLM's ``torch.ops._C_cache_ops`` ops run nvrtc_gather's kernels on CUDA tensors:
-    ``ops`` names which (``"gather"``, ``"quant"`` or their full names, an iterable or a
-    comma-separated string; default both). Safe to call any number of times; returns the ops
-    replaced in this process so far. Logs one line saying which."""
+    ``ops`` names which (``"gather"``, ``"quant"``, ``"mla_write"``, ``"mla_gather"`` or their full
+    names, an iterable or a comma-separated string; default all). Safe to call any number of
+    times; returns the ops replaced in this process so far. Logs one line saying which."""
     wanted = activation.parse_ops(ops if isinstance(ops, str) else ",".join(ops), "ops") if ops is not None \
-        else (activation.GATHER, activation.QUANT)
+        else activation.ALL_OPS
     with _lock:
-        new = [name for name in wanted if name not in _libraries]
+        new = [name for name in wanted if name not in _libraries and name not in _skipped]
         if new:
             _register(new)
             _state["activated_by"] = _state["activated_by"] or "register()"
@@ -142,24 +216,35 @@ def register(ops=None) -> tuple[str, ...]:
 def _register(names: list[str]) -> None:
     if not all(_has_schema(n) for n in SCHEMAS):
         _load_vllm_library()
-    own = []
+    own, served = [], []
     for name in names:
+        fn, fake, takes_original = _IMPLS[name]
+        if _has_schema(name):
+            why = _unservable(name)
+            if why is not None:
+                _skipped[name] = why
+                logger().warning("nvrtc_gather: %s.%s left to vLLM: %s", NAMESPACE, name, why)
+                continue
         lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-        fn, fake = _IMPLS[name]
         if not _has_schema(name):
             lib.define(SCHEMAS[name])
             own.append(name)
+        if takes_original:  # the calls we do not serve go to the kernel registered before ours
+            fn = functools.partial(fn, None if name in own else _vllm_kernel(name))
         with warnings.catch_warnings():  # torch warns on every override; the log line below says it once
             warnings.filterwarnings("ignore", "Overriding a previously registered kernel")
-            lib.impl(name, fn, "CUDA")
+            lib.impl(name, fn, "CUDA", with_keyset=takes_original)
         if name in own:  # our own schema: give it the CPU path and a fake too (vLLM's keep theirs)
-            lib.impl(name, fn, "CPU")
+            lib.impl(name, fn, "CPU", with_keyset=takes_original)
             torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
         _libraries[name] = lib
+        served.append(name)
+    if not served:
+        return
     _state["schemas"] = _state["schemas"] or ("nvrtc_gather" if own else "vllm")
     kept = [n for n in SCHEMAS if n not in _libraries]
     logger().info("nvrtc_gather: torch.ops.%s.{%s} now run nvrtc_gather's kernels on CUDA tensors (%s)%s",
-                  NAMESPACE, ", ".join(names),
+                  NAMESPACE, ", ".join(served),
                   "schemas defined here: vLLM's library is not loaded" if own else "overriding vLLM's kernels",
                   f"; {', '.join(kept)} left to vLLM" if kept else "")
 

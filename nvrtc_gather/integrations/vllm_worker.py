@@ -29,8 +29,9 @@ import time
 import torch
 
 from ..jit import runtime
-from ..kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+from ..kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache as mla_kernels
 from ..ops.indexer_k_quant import TYPE_NAMES
+from ..ops.mla_write import TYPE_NAMES as MLA_TYPE_NAMES
 from . import activation
 
 MODULE = "vllm.v1.worker.worker_base"
@@ -49,13 +50,19 @@ def status() -> str:
 
 def modules_for(ops, dtype: torch.dtype | None = None) -> tuple:
     """The kernel modules the given vLLM ops can launch: every gather module (one per vector
-    width), and the write op's modules for the model's dtype (every dtype when unknown)."""
+    width), and the write ops' modules for the model's dtype (every dtype when unknown)."""
     mods = []
     if activation.GATHER in ops:
         mods += gather_kernels.MODULES.values()
     if activation.QUANT in ops:
         want = TYPE_NAMES.get(dtype)
         mods += [m for (dt, _), m in quant_kernels.MODULES.items() if want in (None, dt)]
+    if activation.MLA_WRITE in ops:
+        want = MLA_TYPE_NAMES.get(dtype)
+        mods += [m for dt, m in mla_kernels.DS_MODULES.items() if want in (None, dt)]
+        mods += [m for dt, m in mla_kernels.PLAIN_MODULES.items() if want in (None, dt)]
+    if activation.MLA_GATHER in ops:
+        mods.append(mla_kernels.GATHER_MODULE)
     return tuple(mods)
 
 

@@ -219,3 +219,80 @@ GPU_OVERRIDE = OVERRIDE.replace("    print(json.dumps(out))\n", "") + """
 @pytest.mark.gpu
 def test_override_runs_our_kernels_on_the_gpu_bit_exact():
     assert run(GPU_OVERRIDE) == {"quant ue8m0": True, "quant fp8e4m3": True, "quant mxfp8": True, "gather": True}
+
+
+MLA_STUB = """
+    import json, logging, torch
+    # A stand-in for vLLM's compiled library with the MLA ops' schemas of SCHEMA_SET; its kernels
+    # record their calls (vLLM's own kernel is where the calls we do not serve must go).
+    stub = torch.library.Library("_C_cache_ops", "DEF")
+    schemas = {
+        "0.33": ["concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
+                 "str kv_cache_dtype, Tensor scale, bool skip_scale=False) -> ()",
+                 "cp_gather_and_upconvert_fp8_kv_cache(Tensor src_cache, Tensor! dst, Tensor block_table, "
+                 "Tensor workspace_starts, int batch_size, Tensor? seq_starts, Tensor? host_cache=None, "
+                 "Tensor? host_row_ids=None, Tensor? device_row_ids=None) -> ()"],
+        "older": ["concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
+                  "str kv_cache_dtype, Tensor scale) -> ()",
+                  "cp_gather_and_upconvert_fp8_kv_cache(Tensor src_cache, Tensor! dst, Tensor block_table, "
+                  "Tensor seq_lens, Tensor workspace_starts, int batch_size) -> ()"],
+    }["SCHEMA_SET"]
+    calls = []
+    for schema in schemas:
+        stub.define(schema)
+        name = schema.split("(")[0]
+        def kernel(*args, _name=name):
+            calls.append([_name, len(args)])
+        stub.m.impl(name, "CUDA", kernel, False)
+    from nvrtc_gather.integrations import vllm
+    vllm.register(["mla_write", "mla_gather"])
+    import nvrtc_gather as ng
+    out = {"status": vllm.status().ops, "left": vllm.status().left_to_vllm}
+    def ours(name):
+        dump = torch._C._dispatch_dump(f"_C_cache_ops::{name}").splitlines()
+        return any(l.startswith("CUDA: registered at") and "integrations/vllm.py" in l for l in dump)
+    out["ours"] = {n: ours(n) for n in ("concat_and_cache_mla", "cp_gather_and_upconvert_fp8_kv_cache")}
+    # Our CUDA kernel as torch's dispatcher holds it, called boxed with CPU tensors (no GPU here):
+    # a call we serve runs our op (here its CPU path), the others reach vLLM's kernel.
+    ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    kv_c, k_pe = torch.randn(5, 512).bfloat16(), torch.randn(5, 64).bfloat16()
+    cache, want = torch.zeros(2, 4, 656, dtype=torch.uint8), torch.zeros(2, 4, 656, dtype=torch.uint8)
+    slots = torch.tensor([0, 3, 4, -1, 7])
+    write = torch.library.get_kernel("_C_cache_ops::concat_and_cache_mla", "CUDA")
+    write.call_boxed(ks, kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(1), *EXTRA_WRITE)
+    ng.concat_and_cache_mla(kv_c, k_pe, want, slots, "fp8_ds_mla", torch.ones(1))
+    out["write ours"] = torch.equal(cache, want) and not calls
+    write.call_boxed(ks, kv_c, k_pe, cache, slots, "fp8_e5m2", torch.ones(1), *EXTRA_WRITE)
+    # (torch drops trailing arguments equal to their defaults when it calls a Python kernel: 6 here)
+    out["e5m2 to vllm"] = calls[-1:] == [["concat_and_cache_mla", 6]] and torch.equal(cache, want)
+    if out["ours"]["cp_gather_and_upconvert_fp8_kv_cache"]:
+        gather = torch.library.get_kernel("_C_cache_ops::cp_gather_and_upconvert_fp8_kv_cache", "CUDA")
+        bt, ws = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+        dst, ref = torch.zeros(8, 576, dtype=torch.bfloat16), torch.zeros(8, 576, dtype=torch.bfloat16)
+        n = len(calls)
+        gather.call_boxed(ks, cache, dst, bt, ws, 1, None, None, None, None)
+        ng.cp_gather_and_upconvert_fp8_kv_cache(cache, ref, bt, ws, 1)
+        out["gather ours"] = torch.equal(dst.view(torch.int16), ref.view(torch.int16)) and len(calls) == n
+        rows = torch.arange(8, dtype=torch.int32)
+        gather.call_boxed(ks, cache, dst, bt, ws, 1, None, cache.view(-1, 656), rows, rows)
+        out["host offload to vllm"] = calls[-1:] == [["cp_gather_and_upconvert_fp8_kv_cache", 9]]
+    print(json.dumps(out))
+"""
+
+
+def test_mla_ops_follow_vllm_033s_schemas_and_hand_what_they_do_not_serve_to_vllms_kernel():
+    """vLLM 0.33's schemas (skip_scale; the gather's host-offload arguments): our kernels serve
+    the calls they implement, and HiSparse's host-offload form and formats we do not write
+    (fp8_e5m2) reach vLLM's own kernel, fetched before the override, with every argument."""
+    got = run(MLA_STUB.replace("SCHEMA_SET", "0.33").replace("EXTRA_WRITE", "[False]"))
+    assert got["status"] == ["concat_and_cache_mla", "cp_gather_and_upconvert_fp8_kv_cache"] and not got["left"], got
+    assert got["ours"] == {"concat_and_cache_mla": True, "cp_gather_and_upconvert_fp8_kv_cache": True}, got
+    assert got["write ours"] and got["e5m2 to vllm"] and got["gather ours"] and got["host offload to vllm"], got
+
+
+def test_mla_ops_of_an_older_vllm_the_write_served_the_seq_lens_gather_left_to_vllm_with_why():
+    got = run(MLA_STUB.replace("SCHEMA_SET", "older").replace("EXTRA_WRITE", "[]"))
+    assert got["status"] == ["concat_and_cache_mla"], got
+    assert got["ours"] == {"concat_and_cache_mla": True, "cp_gather_and_upconvert_fp8_kv_cache": False}, got
+    assert "seq_lens" in got["left"]["cp_gather_and_upconvert_fp8_kv_cache"], got
+    assert got["write ours"] and got["e5m2 to vllm"], got

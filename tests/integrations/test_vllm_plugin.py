@@ -11,6 +11,7 @@ from helpers.fresh_python import run, run_raw
 from nvrtc_gather.integrations import activation
 
 GATHER, QUANT = "cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"
+MLA_WRITE, MLA_GATHER = "concat_and_cache_mla", "cp_gather_and_upconvert_fp8_kv_cache"
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("TRUE", True), ("yes", True), (" On ", True),
@@ -70,6 +71,8 @@ PLUGIN = """
         return any(l.startswith("CUDA: registered at") and "integrations/vllm.py" in l for l in dump.splitlines())
     print(json.dumps({"before": before, "status": dataclasses.asdict(vllm.status()), "error": error,
                       "gather": ours("cp_gather_indexer_k_quant_cache"), "quant": ours("indexer_k_quant_and_cache"),
+                      "mla_write": ours("concat_and_cache_mla"),
+                      "mla_gather": ours("cp_gather_and_upconvert_fp8_kv_cache"),
                       "log": vllm_log.getvalue()}))
 """
 
@@ -77,12 +80,13 @@ PLUGIN = """
 def test_plugin_replaces_both_ops_by_default_and_says_so_in_vllms_log():
     got = run(PLUGIN)
     assert got["before"] == {"registered": False, "ops": [], "schemas": None, "activated_by": None,
-                             "disabled_by": None, "preload": "not installed"}
-    assert got["error"] is None and got["gather"] and got["quant"]
-    assert got["status"] == {"registered": True, "ops": [GATHER, QUANT], "schemas": "nvrtc_gather",
-                             "activated_by": "plugin", "disabled_by": None,
-                             "preload": "waiting for vllm.v1.worker.worker_base"}
-    assert f"torch.ops._C_cache_ops.{{{GATHER}, {QUANT}}} now run nvrtc_gather's kernels" in got["log"], got["log"]
+                             "disabled_by": None, "preload": "not installed", "left_to_vllm": {}}
+    assert got["error"] is None and got["gather"] and got["quant"] and got["mla_write"] and got["mla_gather"]
+    assert got["status"] == {"registered": True, "ops": [GATHER, QUANT, MLA_WRITE, MLA_GATHER],
+                             "schemas": "nvrtc_gather", "activated_by": "plugin", "disabled_by": None,
+                             "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {}}
+    assert f"torch.ops._C_cache_ops.{{{GATHER}, {QUANT}, {MLA_WRITE}, {MLA_GATHER}}} now run nvrtc_gather's kernels" \
+        in got["log"], got["log"]
 
 
 @pytest.mark.parametrize("value", ["0", "off", ""])
@@ -101,9 +105,13 @@ def test_plugin_with_a_bad_switch_raises_naming_the_variable():
 
 def test_per_op_opt_out_replaces_only_the_named_op_and_logs_which():
     got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS="gather")
-    assert got["gather"] and not got["quant"] and got["status"]["ops"] == [GATHER]
+    assert got["gather"] and not got["quant"] and not got["mla_write"] and not got["mla_gather"]
+    assert got["status"]["ops"] == [GATHER]
     assert f"{{{GATHER}}} now run nvrtc_gather's kernels" in got["log"]
-    assert f"; {QUANT} left to vLLM" in got["log"]
+    assert f"; {QUANT}, {MLA_WRITE}, {MLA_GATHER} left to vLLM" in got["log"]
+    got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS="mla_gather, quant")
+    assert got["quant"] and got["mla_gather"] and not got["gather"] and not got["mla_write"]
+    assert got["status"]["ops"] == [QUANT, MLA_GATHER]
 
 
 def test_register_accepts_op_names_and_refuses_unknown_ones():
@@ -181,8 +189,10 @@ def test_worker_hook_loads_the_kernels_on_the_workers_own_gpu_only(tmp_path, imp
     assert got["result"] == "vllm's result"
     gather = ["gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"]
     quant_bf16 = ["quant_cache_bf16_v16", "quant_cache_bf16_v8", "quant_cache_bf16_any"]
-    assert got["calls"] == [[3, gather + quant_bf16], [5, gather + quant_bf16]]  # one device per worker, no other
-    assert got["status"].startswith("loaded on cuda:5 (6 modules, ")
+    mla_bf16 = ["mla_ds_bf16", "mla_plain_bf16", "mla_gather"]
+    want = gather + quant_bf16 + mla_bf16
+    assert got["calls"] == [[3, want], [5, want]]  # one device per worker, no other
+    assert got["status"].startswith("loaded on cuda:5 (9 modules, ")
 
 
 def test_worker_hook_loads_only_the_replaced_ops_kernels(tmp_path):
