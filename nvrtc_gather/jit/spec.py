@@ -29,6 +29,15 @@ class ParamStruct:
 
     def __post_init__(self):
         assert self.fields[-1] == ("error", "ptr"), "the debug error pointer must be the last field"
+        # The host packs the fields back to back; the compiler aligns each to its size. Any
+        # field the compiler would pad before is a struct the kernel reads differently.
+        offset = 0
+        for name, kind in self.fields:
+            size = struct.calcsize("<" + _FORMATS[kind])
+            if offset % size:
+                raise ValueError(f"{self.name}.{name}: a {size}-byte field at byte {offset} would be padded by the "
+                                 "compiler; reorder the fields (8-byte ones first) or widen one")
+            offset += size
         fmt = "<" + "".join(_FORMATS[t] for _, t in self.fields)
         object.__setattr__(self, "layout", struct.Struct(fmt))
 
