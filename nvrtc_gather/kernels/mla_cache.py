@@ -14,8 +14,8 @@ SCALES_AT, ROPE_AT = 512, 528  # byte offsets in the record
 WRITE_PARAMS = ParamStruct("MlaWriteParams", (
     ("kv_c", "ptr"), ("k_pe", "ptr"), ("slot_mapping", "ptr"), ("scale", "ptr"), ("kv_cache", "ptr"),
     ("kv_c_row_stride", "i64"), ("k_pe_row_stride", "i64"), ("block_stride", "i64"), ("entry_stride", "i64"),
-    ("num_slots", "i64"),
-    ("num_tokens", "i32"), ("block_size", "i32"), ("kv_lora_rank", "i32"), ("pe_dim", "i32"), ("flags", "i32"),
+    ("num_slots", "i64"), ("flags", "i64"),  # flags an i64: no padding before `error` (cuda_src/mla_params.cuh)
+    ("num_tokens", "i32"), ("block_size", "i32"), ("kv_lora_rank", "i32"), ("pe_dim", "i32"),
     ("error", "ptr"),
 ))
 POW2_SCALES, SKIP_SCALE = 1, 2  # WRITE_PARAMS.flags (NG_MLA_* of cuda_src/mla_params.cuh)
