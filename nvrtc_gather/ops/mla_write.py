@@ -195,7 +195,9 @@ def _low_bits(p: WritePlan) -> int:
 def _extents(p: WritePlan) -> tuple[int, int, int, int, int]:
     """Bytes from each data pointer to the end of what the call touches: kv_cache (written),
     kv_c, k_pe, slot_mapping, scale (read; 0: not read). num_tokens > 0."""
-    width = spec.RECORD_BYTES if p.fmt == "ds" else (p.kv_lora_rank + p.pe_dim) * p.element_size
+    # the entry's bytes: the plain fp8 format stores one byte per element, not kv_c's element size
+    # (which made the extent too long, refusing an input placed right after the cache)
+    width = spec.RECORD_BYTES if p.fmt == "ds" else (p.kv_lora_rank + p.pe_dim) * (1 if p.fmt == "fp8" else p.element_size)
     last = p.num_tokens - 1
     return ((p.num_blocks - 1) * p.block_stride + (p.block_size - 1) * p.entry_stride + width if p.num_blocks else 0,
             last * p.kv_c_row_stride + p.kv_lora_rank * p.element_size,

@@ -16,9 +16,12 @@ import pytest
 import torch
 
 from helpers.host_emu import emulator
-from helpers.index_fuzz import (GATHER_ENTRIES, GATHER_KINDS, GATHER_REPEATS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS,
-                                QUANT_REPEATS, Launch, check_gather, check_quant, gather_case, gather_launch,
-                                launch_problem, pack, quant_case, quant_launch, run_isolated)
+from helpers.index_fuzz import (GATHER_ENTRIES, GATHER_KINDS, GATHER_REPEATS, MLA_GATHER_ENTRIES, MLA_GATHER_KINDS,
+                                MLA_GATHER_REPEATS, MLA_WRITE_ENTRIES, MLA_WRITE_IDS, MLA_WRITE_KINDS,
+                                MLA_WRITE_REPEATS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS, QUANT_REPEATS, Launch,
+                                check_gather, check_mla_gather, check_mla_write, check_quant, gather_case,
+                                gather_launch, launch_problem, mla_gather_case, mla_gather_launch, mla_write_case,
+                                mla_write_launch, pack, quant_case, quant_launch, run_isolated)
 from nvrtc_gather.ops import gather
 from nvrtc_gather.kernels import gather as gather_kernels
 
@@ -67,3 +70,42 @@ def test_quant_slot_fuzz(quant_emu, dt, vec, debug):
     outcomes = run_isolated(quant_emu, [quant_launch(c, dt, vec, debug) for c in cases])
     for c, outcome in zip(cases, outcomes):
         check_quant(c, debug, outcome)
+
+
+# --- the MLA kernels --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mla_gather_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="mla_gather")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("vec", MLA_GATHER_ENTRIES, ids=["v16", "v4"])
+def test_mla_gather_index_fuzz(mla_gather_emu, vec, debug):
+    """Any int32 in workspace_starts, seq_starts and block_table (negative, huge, decreasing):
+    only the given tensors are read, a row is written only with a reading its indices allow
+    (exactly it, for well-formed starts), nothing else in the arena changes; debug mode reports
+    exactly when something is bad."""
+    cases = [mla_gather_case(f"mla-gather-v{vec}-{kind}-{rep}", kind, vec)
+             for rep in range(MLA_GATHER_REPEATS) for kind in MLA_GATHER_KINDS]
+    outcomes = run_isolated(mla_gather_emu, [mla_gather_launch(c, vec, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_mla_gather(c, debug, outcome)
+
+
+@pytest.fixture(scope="module")
+def mla_write_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="mla_write")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("fmt,dt,vec", MLA_WRITE_ENTRIES, ids=MLA_WRITE_IDS)
+def test_mla_write_slot_fuzz(mla_write_emu, fmt, dt, vec, debug):
+    """Any int64 slot: only kv_c / k_pe / slot_mapping / scale are read, only the well-formed
+    slots' entries are written (bit-exact with the reference), debug mode reports a slot past
+    the cache."""
+    cases = [mla_write_case(f"mla-write-{fmt}-{dt}-v{vec}-{kind}-{rep}", kind, fmt, dt, vec)
+             for rep in range(MLA_WRITE_REPEATS) for kind in MLA_WRITE_KINDS]
+    outcomes = run_isolated(mla_write_emu, [mla_write_launch(c, fmt, dt, vec, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_mla_write(c, debug, outcome)

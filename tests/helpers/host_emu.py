@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 
 from nvrtc_gather.jit import sources
-from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
 
 _BUILDS: dict = {}
 # kernel -> its family's modules: one emulator build holds every entry point of the family
-KERNELS = {"quant": quant_kernels.MODULES, "gather": gather_kernels.MODULES}
+# (every module of a family shares one source and one parameter struct)
+KERNELS = {
+    "quant": quant_kernels.MODULES,
+    "gather": gather_kernels.MODULES,
+    "mla_write": {**{("ds", k): m for k, m in mla_cache.DS_MODULES.items()},
+                  **{("plain", k): m for k, m in mla_cache.PLAIN_MODULES.items()}},
+    "mla_gather": {"gather": mla_cache.GATHER_MODULE},
+}
 
 
 def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
@@ -29,6 +36,7 @@ def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
     modules = list(KERNELS[kernel].values())
     first = modules[0]
     source, params = first.source, first.params.name
+    assert all(m.source == source and m.params == first.params and m.defines == first.defines for m in modules), kernel
     cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler to build the host emulator of the kernels")

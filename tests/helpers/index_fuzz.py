@@ -510,3 +510,252 @@ def check_quant(c: QuantFuzz, debug: bool, outcome) -> None:
     regions = {n: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
                for n, t in zip(("k", "kv_cache", "slot_mapping", "err"), c.tensors + (c.err,))}
     assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {desc}"
+
+
+# --- the MLA gather (cuda_src/mla_gather.cu) -----------------------------------------------------
+
+MLA_GATHER_ENTRIES = [16, 0]           # vector widths: mla_gather_v16, mla_gather_v4
+# valid: good indices (debug mode silent); monotone / chaos / random: workspace_starts of the
+# pool, any order, any int32; bad_ids: good starts, block ids and seq_starts just outside.
+MLA_GATHER_KINDS = ("valid", "bad_ids", "monotone", "chaos", "random")
+MLA_GATHER_REPEATS = 3
+
+
+@dataclass
+class MlaGatherFuzz:
+    seed: str
+    kind: str
+    block_size: int
+    num_blocks: int
+    num_rows: int
+    rows_per_cta: int
+    ws: list
+    seq: list | None
+    bt: list
+    arena: Arena = field(repr=False)
+    tensors: tuple = field(repr=False)  # src_cache, dst, block_table, workspace_starts, seq_starts (or None)
+    err: torch.Tensor = field(repr=False)
+    desc: str = field(default="", repr=False)
+    before: torch.Tensor = field(default=None, repr=False)
+
+
+def mla_gather_case(seed: str, kind: str, vec: int) -> MlaGatherFuzz:
+    from helpers.mla_reference import RECORD
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 3, 16])
+    n = rng.randint(1, 20)
+    batch = rng.randint(1, 5)
+    nb = rng.randint(1, 3)
+    mb = rng.randint(1, 4)
+    pool = int32_pool(rng, n)
+    if kind in ("valid", "bad_ids"):
+        ws = sorted(rng.randint(0, n + 1) for _ in range(batch))
+    elif kind == "monotone":
+        ws = sorted(rng.choice(pool) for _ in range(batch))
+    elif kind == "chaos":
+        ws = [rng.choice(pool) for _ in range(batch)]
+    else:
+        ws = [rng.randint(I32_MIN, I32_MAX) for _ in range(batch)]
+    with_seq = rng.random() < 0.6
+    if kind == "valid":
+        seq = [rng.randint(0, 2 * bs) for _ in range(batch)] if with_seq else None
+        stops = [min(ws[r + 1] if r + 1 < batch else n, n) for r in range(batch)]
+        need = max([1] + [-(-((seq[r] if seq else 0) + max(0, stops[r] - ws[r])) // bs) for r in range(batch)])
+        mb = need + rng.randint(0, 1)
+        bt = [[rng.randrange(nb) for _ in range(mb)] for _ in range(batch)]
+    else:
+        seq_pool = [I32_MIN, -1, 0, 0, 1, bs, mb * bs - 1, mb * bs, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
+        seq = [rng.choice(seq_pool) if rng.random() < 0.4 else rng.randint(0, bs) for _ in range(batch)] \
+            if with_seq else None
+        bt_pool = [I32_MIN, -1, nb, nb + 1, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
+        bt = [[rng.choice(bt_pool) if rng.random() < 0.3 else rng.randrange(nb) for _ in range(mb)]
+              for _ in range(batch)]
+        if kind == "random":
+            bt = [[rng.randint(I32_MIN, I32_MAX) for _ in range(mb)] for _ in range(batch)]
+    rpc = rng.choice([8, 16, 64])
+
+    a = Arena()
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
+    entry = RECORD + rng.choice([0, 16])
+    block_stride = bs * entry + rng.choice([0, 16])
+    src_bytes = a.alloc((nb - 1) * block_stride + (bs - 1) * entry + RECORD)
+    src_bytes.copy_(torch.randint(0, 256, src_bytes.shape, dtype=torch.uint8, generator=gen))
+    src = src_bytes.as_strided((nb, bs, RECORD), (block_stride, entry, 1))
+    if rng.random() < 0.5:
+        src = src.view(torch.float8_e4m3fn)
+    row = 576 + rng.choice([0, 8])
+    dst = a.alloc(2 * ((n - 1) * row + 576), 0 if vec else 4).view(torch.bfloat16).as_strided((n, 576), (row, 1))
+    dst.view(torch.uint8).fill_(SENTINEL)
+    bt_t = a.alloc(4 * batch * mb).view(torch.int32).view(batch, mb)
+    bt_t.copy_(torch.tensor(bt, dtype=torch.int32))
+    ws_t = a.alloc(4 * batch).view(torch.int32)
+    ws_t.copy_(torch.tensor(ws, dtype=torch.int32))
+    seq_t = None
+    if seq is not None:
+        seq_t = a.alloc(4 * batch).view(torch.int32)
+        seq_t.copy_(torch.tensor(seq, dtype=torch.int32))
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    return MlaGatherFuzz(seed, kind, bs, nb, n, rpc, ws, seq, bt, a, (src, dst, bt_t, ws_t, seq_t), err)
+
+
+def mla_gather_launch(c: MlaGatherFuzz, vec: int, debug: bool) -> Launch:
+    from nvrtc_gather.kernels import mla_cache
+    from nvrtc_gather.ops import mla_gather
+    src, dst, bt_t, ws_t, seq_t = c.tensors
+    plan = mla_gather.plan_gather(src, dst, bt_t, ws_t, len(c.ws), seq_t)._replace(rows_per_cta=c.rows_per_cta)
+    cfg = mla_gather.launch_config(plan)
+    c.desc = f"[{cfg.entry} debug={debug}] {c!r}"
+    assert cfg.entry == mla_cache.gather_entry(vec), c.desc
+    c.before = c.arena.bytes.clone()
+    bounds = [span(src), span(bt_t), span(ws_t)] + ([span(seq_t)] if seq_t is not None else [])
+    return Launch(cfg.entry, cfg.grid, pack(mla_cache.GATHER_PARAMS, cfg.fields, c.err.data_ptr() if debug else 0),
+                  bounds)
+
+
+def check_mla_gather(c: MlaGatherFuzz, debug: bool, outcome) -> None:
+    from helpers.mla_reference import gather_row_readings, record_bytes, upconvert_record
+    src, dst, bt_t, ws_t, seq_t = c.tensors
+    problem = launch_problem(*outcome)
+    assert problem is None, f"{problem}: {c.desc}"
+    expected = c.before.clone()
+    got, old = dst.view(torch.uint8), same_view(dst, c.before)
+    batch, n = len(c.ws), c.num_rows
+    ws_ok = c.ws[0] >= 0 and all(a <= b for a, b in zip(c.ws, c.ws[1:]))
+    faulty_row = False
+    for row in range(n):
+        want = [torch.frombuffer(bytearray(upconvert_record(record_bytes(src, b, e))), dtype=torch.uint8).view(-1)
+                for b, e in gather_row_readings(src, bt_t, c.ws, c.seq, batch, n, row)]
+        g = got[row].reshape(-1)
+        untouched = torch.equal(g, old[row].reshape(-1))
+        if ws_ok:
+            assert torch.equal(g, want[0]) if want else untouched, \
+                f"row {row} should be {'its reading' if want else 'untouched'}: {c.desc}"
+            owner = any(c.ws[r] <= row < (c.ws[r + 1] if r + 1 < batch else n) for r in range(batch))
+            faulty_row = faulty_row or (owner and not want)
+        else:
+            assert untouched or any(torch.equal(g, w) for w in want), \
+                f"row {row} written with bytes no reading of the indices gives: {c.desc}"
+    same_view(dst, expected).copy_(got)
+    if debug:
+        code = int(c.err[0])
+        if not ws_ok or faulty_row:
+            assert code in (2, 3, 8, 9), f"debug report {c.err.tolist()} for bad indices: {c.desc}"
+        else:
+            assert code == 0, f"debug report {c.err.tolist()} for good indices: {c.desc}"
+        same_view(c.err, expected).copy_(c.err.view(torch.uint8))
+    regions = {nm: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
+               for nm, t in zip(("src_cache", "dst", "block_table", "workspace_starts", "seq_starts", "err"),
+                                c.tensors + (c.err,)) if t is not None}
+    assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {c.desc}"
+
+
+# --- the MLA write (cuda_src/mla_write.cu) --------------------------------------------------------
+
+# (kv_cache_dtype, input dtype, vector width of the fp8_ds_mla kernel; 0 for the plain ones)
+MLA_WRITE_ENTRIES = [("fp8_ds_mla", "bf16", 16), ("fp8_ds_mla", "bf16", 0), ("fp8_ds_mla", "f16", 16),
+                     ("fp8_ds_mla", "f16", 0), ("auto", "bf16", 0), ("fp8", "f16", 0), ("auto", "f32", 0)]
+MLA_WRITE_IDS = [f"{f}-{d}-v{v}" for f, d, v in MLA_WRITE_ENTRIES]
+MLA_WRITE_KINDS = ("mixed", "extreme", "random")
+MLA_WRITE_REPEATS = 2
+
+
+@dataclass
+class MlaWriteFuzz:
+    seed: str
+    kind: str
+    slots: list
+    num_slots: int
+    case: object = field(repr=False)     # helpers.mla_reference.WriteCase over the arena
+    arena: Arena = field(repr=False)
+    err: torch.Tensor = field(repr=False)
+    desc: str = field(default="", repr=False)
+    before: torch.Tensor = field(default=None, repr=False)
+    want: torch.Tensor = field(default=None, repr=False)
+
+
+def mla_write_case(seed: str, kind: str, fmt: str, dt: str, vec: int) -> MlaWriteFuzz:
+    from helpers.mla_reference import RECORD, WriteCase, random_rows
+    rng = random.Random(seed)
+    dtype = DTYPES[dt]
+    esize = torch.tensor([], dtype=dtype).element_size()
+    rank, pe = (512, rng.choice([64, 0])) if fmt == "fp8_ds_mla" else rng.choice([(512, 64), (40, 8)])
+    bs, nb = rng.choice([1, 3, 16]), rng.randint(1, 3)
+    num_slots = nb * bs
+    T = rng.randint(1, 12)
+    a = Arena()
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
+    off = 0 if vec else rng.choice([2, 4]) // esize * esize or esize  # misaligned inputs for the any-alignment kernel
+    kv_c = a.alloc(T * rank * esize, off).view(dtype).view(T, rank)
+    kv_c.copy_(random_rows(gen, T, rank, dtype))
+    k_pe = a.alloc(T * pe * esize, off).view(dtype).view(T, pe)
+    if pe:
+        k_pe.copy_(random_rows(gen, T, pe, dtype))
+    width = RECORD if fmt == "fp8_ds_mla" else rank + pe
+    cache_dtype = dtype if fmt == "auto" else torch.uint8
+    csize = torch.tensor([], dtype=cache_dtype).element_size()
+    entry = width + rng.choice([0, 16 // csize])
+    kv = a.alloc(nb * bs * entry * csize).view(cache_dtype).view(nb, bs, entry)[:, :, :width]
+    scale = a.alloc(4).view(torch.float32)
+    scale.fill_(rng.choice([1.0, 0.25, 3.0]))
+    pool = [I64_MIN, I64_MIN + 1, -2 ** 32, I32_MIN, -1, num_slots, num_slots + 1, I32_MAX, 2 ** 31, 2 ** 32,
+            1 << 40, I64_MAX, rng.randint(I64_MIN, I64_MAX)]
+    valid = iter(rng.sample(range(num_slots), min(num_slots, T)))
+    slots = []
+    for _ in range(T):
+        if kind == "random":
+            slots.append(rng.randint(I64_MIN, I64_MAX))
+        elif kind == "extreme" or rng.random() < 0.35:
+            slots.append(rng.choice(pool))
+        else:
+            slots.append(next(valid, -1))
+    sm = a.alloc(8 * T).view(torch.int64)
+    sm.copy_(torch.tensor(slots, dtype=torch.int64))
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    case = WriteCase(kv_c, k_pe, kv, sm, fmt, scale, False, rng.choice(["pow2", "plain"]), a.bytes)
+    return MlaWriteFuzz(seed, kind, slots, num_slots, case, a, err)
+
+
+def mla_write_launch(c: MlaWriteFuzz, fmt: str, dt: str, vec: int, debug: bool) -> Launch:
+    from helpers.mla_reference import write_reference
+    from nvrtc_gather.kernels import mla_cache
+    from nvrtc_gather.ops import mla_write
+    w = c.case
+    plan = mla_write.plan_write(*w.args())
+    cfg = mla_write.launch_config(plan)
+    c.desc = f"[{cfg.entry} debug={debug} rule={w.ds_scale_rule}] {c!r}"
+    want_entry = mla_cache.ds_entry(dt, vec) if fmt == "fp8_ds_mla" else \
+        mla_cache.plain_entry(dt, "copy" if fmt == "auto" else "fp8")
+    assert cfg.entry == want_entry, c.desc
+    c.before = c.arena.bytes.clone()
+    # what must land: the well-formed slots' entries (the reference skips -1)
+    kept = torch.tensor([s if 0 <= s < c.num_slots else -1 for s in c.slots], dtype=torch.int64)
+    real = w.slot_mapping
+    w.slot_mapping = kept
+    c.want = write_reference(w)
+    w.slot_mapping = real
+    T = len(c.slots)
+    bounds = [span(w.kv_c[:T]), span(real)] + ([span(w.k_pe[:T])] if w.k_pe.shape[1] else []) + \
+        ([span(w.scale)] if plan.scale_ptr else [])
+    return Launch(cfg.entry, cfg.grid, pack(mla_cache.WRITE_PARAMS, cfg.fields, c.err.data_ptr() if debug else 0),
+                  bounds)
+
+
+def check_mla_write(c: MlaWriteFuzz, debug: bool, outcome) -> None:
+    problem = launch_problem(*outcome)
+    assert problem is None, f"{problem}: {c.desc}"
+    expected = c.want.clone()
+    if debug:
+        bad = [i for i, s in enumerate(c.slots) if s >= c.num_slots]
+        code, a, b, v = c.err.tolist()
+        if bad:
+            assert code == 7 and a in bad and b == c.slots[a] and v == c.num_slots, f"debug report {c.err.tolist()}: {c.desc}"
+        else:
+            assert c.err.tolist() == [0, 0, 0, 0], f"debug report {c.err.tolist()} for good slots: {c.desc}"
+        same_view(c.err, expected).copy_(c.err.view(torch.uint8))
+    w = c.case
+    regions = {n: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
+               for n, t in (("kv_c", w.kv_c), ("k_pe", w.k_pe), ("kv_cache", w.kv_cache),
+                            ("slot_mapping", w.slot_mapping), ("err", c.err))}
+    assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {c.desc}"

@@ -315,3 +315,130 @@ def test_write_op_layouts_of_unusual_shapes_launch_what_the_plan_says(fake, monk
     name, grid, fields = indexer_k_quant.launch_config(plan)
     assert fake.grid == grid and fake.params[:quant_kernels.PARAMS.layout.size] == quant_kernels.PARAMS.pack(
         **fields, error=0)
+
+
+def test_mla_write_op_launches_what_launch_config_says_and_takes_the_fast_path(fake, monkeypatch):
+    """concat_and_cache_mla's CUDA branch: the launched entry, grid and struct bytes are
+    launch_config's of the full plan (fp8_ds_mla: the vector width from the new pointers'
+    alignment); a second call with the same layout takes the fast path (no plan_write), a
+    misaligned or overlapping one is checked in full again and refused."""
+    import torch
+
+    from nvrtc_gather.kernels import mla_cache
+    from nvrtc_gather.ops import mla_write
+
+    real_plan = mla_write.plan_write
+    planned = []
+
+    def plan_on_device_0(*args):
+        planned.append(1)
+        return real_plan(*args)._replace(device=0)
+    monkeypatch.setattr(mla_write, "plan_write", plan_on_device_0)
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(mla_write, "_layouts", mla_write.LayoutMemo())
+    fake.current = 7
+
+    kv = torch.zeros(4, 16, 656, dtype=torch.uint8)
+    slots = torch.arange(20, dtype=torch.int64)
+    store = torch.zeros(20 * 576 + 64, dtype=torch.bfloat16)
+    scale = torch.ones(1)
+
+    def inputs(offset):
+        x = store[offset: offset + 20 * 576].view(20, 576)
+        return x[:, :512], x[:, 512:]
+
+    def expected(kv_c, k_pe, fmt="fp8_ds_mla", cache=kv):
+        plan = real_plan(kv_c, k_pe, cache, slots, fmt, scale)._replace(device=0)
+        cfg = mla_write.launch_config(plan)
+        function = runtime.load(mla_write._module(plan), 0).functions[cfg.entry]
+        return (7, function), cfg.grid, mla_cache.WRITE_PARAMS.pack(**cfg.fields, error=0)
+
+    def last_launch():
+        return fake.launches[-1], fake.grid, fake.params[:mla_cache.WRITE_PARAMS.layout.size]
+
+    mla_write.concat_and_cache_mla(*inputs(0), kv, slots, "fp8_ds_mla", scale)
+    assert len(planned) == 1 and last_launch() == expected(*inputs(0)) and fake.block == mla_cache.THREADS
+    for offset, vec in ((8, 16), (1, 0), (0, 16)):  # bf16 elements: 16 bytes, 2 bytes off
+        mla_write.concat_and_cache_mla(*inputs(offset), kv, slots, "fp8_ds_mla", scale)
+        assert len(planned) == 1, "the fast path was not taken"
+        assert last_launch() == expected(*inputs(offset))
+        assert fake.launches[-1][1] == runtime.load(mla_cache.DS_MODULES["bf16"], 0).functions[
+            mla_cache.ds_entry("bf16", vec)]
+    plain = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    mla_write.concat_and_cache_mla(*inputs(0), plain, slots, "auto", scale)  # another layout: planned
+    assert len(planned) == 2 and last_launch() == expected(*inputs(0), "auto", plain)
+    launches = len(fake.launches)
+    with pytest.raises(ValueError, match="kv_cache: its memory overlaps kv_c"):
+        mla_write.concat_and_cache_mla(kv.view(-1)[:20 * 1024].view(torch.bfloat16).view(20, 512), inputs(0)[1], kv,
+                                       slots, "fp8_ds_mla", scale)
+    with pytest.raises(ValueError, match="kv_cache: data pointer"):
+        mla_write.concat_and_cache_mla(*inputs(0), torch.zeros(4 * 16 * 656 + 2, dtype=torch.uint8)[2:].view(4, 16, 656),
+                                       slots, "fp8_ds_mla", scale)
+    assert len(fake.launches) == launches
+
+
+def test_mla_gather_op_launches_what_launch_config_says_and_takes_the_fast_path(fake, monkeypatch):
+    """cp_gather_and_upconvert_fp8_kv_cache's CUDA branch, as the write op's above; and debug
+    mode: the error buffer goes into the struct and a recorded error is raised."""
+    import torch
+
+    from nvrtc_gather.kernels import mla_cache
+    from nvrtc_gather.ops import mla_gather
+
+    real_plan = mla_gather.plan_gather
+    planned = []
+
+    def plan_on_device_0(*args):
+        planned.append(1)
+        return real_plan(*args)._replace(device=0, rows_per_cta=8)
+    monkeypatch.setattr(mla_gather, "plan_gather", plan_on_device_0)
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(mla_gather, "_layouts", mla_gather.LayoutMemo())
+    fake.current = 7
+
+    cache = torch.zeros(8, 16, 656, dtype=torch.uint8)  # room for a dst inside it
+    bt = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
+    ws = torch.tensor([0, 20], dtype=torch.int32)
+    seq = torch.tensor([2, 0], dtype=torch.int32)
+    store = torch.zeros(40 * 576 + 64, dtype=torch.bfloat16)
+
+    def dst_at(offset):
+        return store[offset: offset + 40 * 576].view(40, 576)
+
+    def expected(dst):
+        plan = real_plan(cache, dst, bt, ws, 2, seq)._replace(device=0, rows_per_cta=8)
+        cfg = mla_gather.launch_config(plan)
+        function = runtime.load(mla_cache.GATHER_MODULE, 0).functions[cfg.entry]
+        return (7, function), cfg.grid, mla_cache.GATHER_PARAMS.pack(**cfg.fields, error=0)
+
+    def last_launch():
+        return fake.launches[-1], fake.grid, fake.params[:mla_cache.GATHER_PARAMS.layout.size]
+
+    mla_gather.cp_gather_and_upconvert_fp8_kv_cache(cache, dst_at(0), bt, ws, 2, seq)
+    assert len(planned) == 1 and last_launch() == expected(dst_at(0)) and fake.grid == 5
+    for offset, vec in ((8, 16), (2, 0), (0, 16)):  # bf16 elements: 16 and 4 bytes off
+        mla_gather.cp_gather_and_upconvert_fp8_kv_cache(cache, dst_at(offset), bt, ws, 2, seq)
+        assert len(planned) == 1, "the fast path was not taken"
+        assert last_launch() == expected(dst_at(offset))
+        assert fake.launches[-1][1] == runtime.load(mla_cache.GATHER_MODULE, 0).functions[mla_cache.gather_entry(vec)]
+    mla_gather.cp_gather_and_upconvert_fp8_kv_cache(cache, dst_at(0), bt, ws, 2, None)  # another layout
+    assert len(planned) == 2
+    launches = len(fake.launches)
+    with pytest.raises(ValueError, match="dst: data pointer"):
+        mla_gather.cp_gather_and_upconvert_fp8_kv_cache(cache, dst_at(1), bt, ws, 2, seq)
+    with pytest.raises(ValueError, match="dst: its memory overlaps src_cache"):
+        mla_gather.cp_gather_and_upconvert_fp8_kv_cache(cache, cache.view(-1)[:40 * 1152].view(torch.bfloat16)
+                                                        .view(40, 576), bt, ws, 2, seq)
+    assert len(fake.launches) == launches
+
+    err = torch.zeros(4, dtype=torch.int64)
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    monkeypatch.setattr(runtime, "error_buffer", lambda device: err)
+    fake.on_launch = lambda: err.copy_(torch.tensor([9, 1, -3, 0]))
+    with pytest.raises(ValueError, match="seq_starts"):
+        mla_gather.cp_gather_and_upconvert_fp8_kv_cache(cache, dst_at(0), bt, ws, 2, seq)
+    want = expected(dst_at(0))
+    cfg = mla_gather.launch_config(real_plan(cache, dst_at(0), bt, ws, 2, seq)._replace(device=0, rows_per_cta=8))
+    assert fake.params[:mla_cache.GATHER_PARAMS.layout.size] == mla_cache.GATHER_PARAMS.pack(**cfg.fields,
+                                                                                             error=err.data_ptr())
+    assert fake.launches[-1] == want[0]

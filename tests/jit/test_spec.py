@@ -9,10 +9,14 @@ import pytest
 
 from nvrtc_gather import kernels
 from nvrtc_gather.jit import compiler, debug_errors, sources, spec
-from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels
+from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
 
 _KIND = {"i64": "i64", "i32": "i32"}
-FAMILIES = [(gather_kernels, "gather_params.cuh"), (quant_kernels, "quant_params.cuh")]
+# every parameter struct and the header declaring it
+FAMILIES = [(gather_kernels.PARAMS, "gather_params.cuh"), (quant_kernels.PARAMS, "quant_params.cuh"),
+            (mla_cache.WRITE_PARAMS, "mla_params.cuh"), (mla_cache.GATHER_PARAMS, "mla_params.cuh")]
+FAMILY_IDS = ["gather", "quant", "mla_write", "mla_gather"]
+KERNEL_SOURCES = ("gather_indexer_k.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu")
 
 
 def cuh_fields(header: str, struct_name: str) -> list[tuple[str, str]]:
@@ -31,14 +35,31 @@ def cuh_fields(header: str, struct_name: str) -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("family,header", FAMILIES, ids=["gather", "quant"])
-def test_param_structs_match_their_headers(family, header):
-    assert list(family.PARAMS.fields) == cuh_fields(header, family.PARAMS.name)
+@pytest.mark.parametrize("params,header", FAMILIES, ids=FAMILY_IDS)
+def test_param_structs_match_their_headers(params, header):
+    assert list(params.fields) == cuh_fields(header, params.name)
 
 
-@pytest.mark.parametrize("family", [gather_kernels, quant_kernels], ids=["gather", "quant"])
-def test_packing_by_name_is_the_struct_layout(family):
-    params = family.PARAMS
+def test_every_registered_struct_is_listed_here():
+    assert {m.params.name for m in kernels.ALL_MODULES} == {p.name for p, _ in FAMILIES}
+
+
+@pytest.mark.parametrize("params,header", FAMILIES, ids=FAMILY_IDS)
+def test_param_structs_have_no_padding(params, header):
+    """The host packs the fields back to back ("<" layout); the compiler aligns each field to
+    its size and the struct to 8 bytes. The two agree only when no field needs padding: each
+    one at a multiple of its size, the whole a multiple of 8 (MlaWriteParams with five i32
+    fields once put ``error`` at byte 100 for the host, 104 for the kernel)."""
+    offset = 0
+    for name, kind in params.fields:
+        size = 4 if kind == "i32" else 8
+        assert offset % size == 0, f"{params.name}.{name} at byte {offset}: the compiler would pad before it"
+        offset += size
+    assert offset == params.layout.size and offset % 8 == 0, f"{params.name}: {offset} bytes, not a multiple of 8"
+
+
+@pytest.mark.parametrize("params", [p for p, _ in FAMILIES], ids=FAMILY_IDS)
+def test_packing_by_name_is_the_struct_layout(params):
     values = {name: 1000 + i for i, name in enumerate(params.names)}
     want = params.layout.pack(*values.values())
     assert params.pack(**values) == want
@@ -53,11 +74,14 @@ def test_packing_by_name_is_the_struct_layout(family):
 
 
 def test_the_ops_fill_every_struct_field_by_name():
-    from nvrtc_gather.ops import gather, indexer_k_quant
-    for family, fields_of in ((gather_kernels, gather.struct_fields), (quant_kernels, indexer_k_quant.struct_fields)):
-        plan_type = gather.GatherPlan if family is gather_kernels else indexer_k_quant.QuantPlan
+    from nvrtc_gather.ops import gather, indexer_k_quant, mla_gather, mla_write
+    for params, fields_of, plan_type in (
+            (gather_kernels.PARAMS, gather.struct_fields, gather.GatherPlan),
+            (quant_kernels.PARAMS, indexer_k_quant.struct_fields, indexer_k_quant.QuantPlan),
+            (mla_cache.WRITE_PARAMS, mla_write.struct_fields, mla_write.WritePlan),
+            (mla_cache.GATHER_PARAMS, mla_gather.struct_fields, mla_gather.MlaGatherPlan)):
         plan = plan_type(**{f: 1 for f in plan_type._fields})
-        assert set(fields_of(plan)) == set(family.PARAMS.names) - {"error"}
+        assert set(fields_of(plan)) == set(params.names) - {"error"}
 
 
 def test_module_names_are_distinct_and_entries_unique():
@@ -73,6 +97,11 @@ def test_each_family_has_every_entry_in_the_module_it_loads_for_it():
                                                            for s in gather_kernels.SHAPES}
     for (k_type, vec), m in quant_kernels.MODULES.items():
         assert m.kernels == (quant_kernels.entry_name(k_type, vec),)
+    for k_type, m in mla_cache.DS_MODULES.items():
+        assert set(m.kernels) == {mla_cache.ds_entry(k_type, vec) for vec in mla_cache.VECTOR_WIDTHS}
+    for k_type, m in mla_cache.PLAIN_MODULES.items():
+        assert set(m.kernels) == {mla_cache.plain_entry(k_type, mode) for mode in mla_cache.PLAIN_MODES}
+    assert set(mla_cache.GATHER_MODULE.kernels) == {mla_cache.gather_entry(v) for v in mla_cache.VECTOR_WIDTHS}
 
 
 def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
@@ -81,7 +110,7 @@ def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
         declared = re.findall(r'extern "C" __global__ void __launch_bounds__\(NG_THREADS\) (\w+)\(', text)
         assert declared == list(m.kernels), m.name
         assert f"-DNG_THREADS={m.threads}" in compiler.module_options(m, compiler.Target("sm_90"))
-    for name in ("gather_indexer_k.cu", "quant_cache.cu"):
+    for name in KERNEL_SOURCES:
         assert 'extern "C" __global__' not in sources.read_source(name) and "NG_QUANT_ENTRY" not in sources.read_source(name) \
             and "NG_GATHER_VEC" not in sources.read_source(name)
     assert "#define NG_THREADS" not in sources.read_source("common.cuh")
@@ -96,9 +125,9 @@ def test_debug_error_codes_are_one_table():
     header = dict((name, int(code)) for name, code in
                   re.findall(r"#define (NG_ERR_\w+) (\d+)", sources.read_source("common.cuh")))
     assert header == {name: code for name, (code, _) in debug_errors.ERRORS.items()}
-    used = set(re.findall(r"NG_ERR_\w+", sources.read_source("gather_indexer_k.cu") +
-                          sources.read_source("quant_cache.cu")))
+    used = set(re.findall(r"NG_ERR_\w+", "".join(sources.read_source(n) for n in KERNEL_SOURCES + ("request_search.cuh",))))
     assert used <= set(header)
+    assert {"NG_ERR_SLOT", "NG_ERR_BLOCK_INDEX", "NG_ERR_BLOCK_ID", "NG_ERR_WS_ORDER", "NG_ERR_SEQ_START"} <= used
 
 
 def test_registering_a_second_module_of_the_same_name_is_refused():
