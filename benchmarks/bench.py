@@ -316,13 +316,15 @@ def host_cost(calls: int = 10000) -> dict:
         "pack_us": per_call(lambda: pack(buf, error=0)),
         "calls": calls,
     }
+    from bench_mla import HOST_KEYS as MLA_HOST_KEYS, mla_host_cost
+    out.update(mla_host_cost(per_call))  # the MLA-cache ops, beside the same yardstick
     # Each op once more at the end, with the yardstick: the first measurements have read high
     # on some hosts; report the lower of the two for every entry.
     for key, fn_, fargs in (("torch_copy_us", a.copy_, (b,)), ("gather_us", gather.cp_gather_indexer_k_quant_cache, args),
                             ("write_us", indexer_k_quant.indexer_k_quant_and_cache, qargs)):
         out[key] = min(out[key], per_call(fn_, *fargs))
     for key in ("gather_us", "write_us", "gather_custom_op_us", "write_custom_op_us", "gather_vllm_op_us",
-                "write_vllm_op_us"):
+                "write_vllm_op_us") + MLA_HOST_KEYS:
         out[key.replace("_us", "_over_copy")] = round(out[key] / out["torch_copy_us"], 3)
     return out
 
@@ -399,6 +401,9 @@ def markdown(result: dict) -> str:
         for r in result["quant_workloads"]:
             out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
                        f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} |")
+    if result.get("mla_gather_workloads") or result.get("mla_write_workloads"):
+        from bench_mla import markdown_tables
+        out += markdown_tables(result)
     h = result["host_cost"]
     out += ["", "| host cost per call (median of 10,000) | µs | / torch copy_ |", "| --- | --- | --- |"]
     out += [f"| {k[:-3].replace('_', ' ')} | {v:.2f} | {h.get(k[:-3] + '_over_copy', '')} |"
@@ -455,6 +460,10 @@ def main(argv=None) -> int:
     ap.add_argument("--loop-max-batch", type=int, default=1024, help="skip the per-request loop above this batch")
     ap.add_argument("--skip-first-calls", action="store_true")
     ap.add_argument("--skip-quant", action="store_true", help="skip the write-op (indexer_k_quant_and_cache) table")
+    ap.add_argument("--skip-mla", action="store_true",
+                    help="skip the MLA-cache ops' tables (bench_mla.py: mla_gather_workloads, mla_write_workloads)")
+    ap.add_argument("--mla-reps", type=int, default=None,
+                    help="timed runs per implementation in the MLA tables (default: bench_mla.DEFAULT_REPS)")
     ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
     ap.add_argument("--gather-variants", action="store_true",
                     help="also check and time the benchmark builds of the gather kernel (GATHER_VARIANTS)")
@@ -486,6 +495,16 @@ def main(argv=None) -> int:
         for r in quant:
             print(f"{r['workload']:>36} {r['tokens']:>9} {r['copy_us']:10.1f} {r['op_us']:10.1f} "
                   f"{r['op_over_copy']:6.2f}x", flush=True)
+    mla_gathers, mla_writes = [], []
+    if not args.skip_mla:
+        import bench_mla
+        mla_reps = args.mla_reps or bench_mla.DEFAULT_REPS
+        mla_flush = flush_buffer()
+        print(bench_mla.HEADER)
+        mla_gathers = bench_mla.bench_mla_gather(mla_reps, mla_flush)
+        print(bench_mla.HEADER.replace("MLA workload", "MLA write"))
+        mla_writes = bench_mla.bench_mla_write(mla_reps, mla_flush)
+        mla_flush = None
     sweep = []
     if args.sweep_tpc:
         values = [int(x) for x in args.sweep_tpc.split(",")]
@@ -499,6 +518,7 @@ def main(argv=None) -> int:
               f"({first['cold_compiles']} compiles), warm cache {first['warm_first_call_ms']:.1f} ms "
               f"({first['warm_compiles']} compiles); NVRTC compile alone {first['nvrtc_compile_ms']:.0f} ms")
     result = {"environment": env, "workloads": rows, "quant_workloads": quant, "host_cost": host,
+              "mla_gather_workloads": mla_gathers, "mla_write_workloads": mla_writes,
               "first_call": first, "sweep_tpc": sweep,
               "shape": {"head_dim": HEAD_DIM, "quant_block_size": QBS, "block_size": BLOCK_SIZE}}
     if args.tag:

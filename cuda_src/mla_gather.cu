@@ -13,9 +13,10 @@
 //  1. Two warps find the requests of the first and last of those rows (request_search.cuh).
 //  2. One thread per row narrows to its own request in that range, checks every index, and
 //     parks the row's (block, token) in shared memory (block -1: skip the row).
-//  3. One warp per row converts it: lane l decodes the 16 codes [16l, 16l + 16) (one 16-byte
-//     load, its tile's scale beside it) into two 16-byte stores; lanes 0-7 copy k_pe. Each warp
-//     loads two rows before storing either (bytes in flight).
+//  3. One warp per row converts it: lane l decodes the codes [8l, 8l + 8) and [256 + 8l, ...)
+//     (two 8-byte loads, the record's 4 scales in one 16-byte load) into two 16-byte stores, so
+//     every access instruction of the warp covers one contiguous run; lanes 0-7 copy k_pe. Each
+//     warp loads two rows before storing either (bytes in flight).
 // VEC = 4: the same with 4-byte accesses, for a cache or dst not 16-byte aligned.
 // Index values are untrusted: any int32 in workspace_starts, seq_starts and block_table leaves
 // every access in bounds; rows whose indices are bad are skipped, and reported in debug mode.
@@ -33,10 +34,10 @@ __device__ __forceinline__ void check_workspace_starts(const MlaGatherParams& p)
     }
 }
 
-// 16 fp8 codes (4 words) times their tile's scale -> 16 bf16 (8 words).
-__device__ __forceinline__ void mla_upconvert16(const u32* c, float scale, u32* out) {
+// 8 fp8 codes (2 words) times their tile's scale -> 8 bf16 (4 words).
+__device__ __forceinline__ void mla_upconvert8(const u32* c, float scale, u32* out) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
         float a, b, d, e;
         ng_float2_from_fp8e4m3x2(c[i] & 0xffffu, a, b);
         ng_float2_from_fp8e4m3x2(c[i] >> 16, d, e);
@@ -45,55 +46,71 @@ __device__ __forceinline__ void mla_upconvert16(const u32* c, float scale, u32* 
     }
 }
 
+// One row's loads for one lane: codes [8l, 8l + 8) (half A, tile l / 16) and [256 + 8l, ...)
+// (half B, tile 2 + l / 16) with their scales, and (lanes 0-7) 8 k_pe values. This split makes
+// every load and store instruction of the warp one contiguous run.
 template <int VEC>
-struct MlaRow {  // one row's loads: 16 codes, their tile's scale, and (lanes 0-7) 8 k_pe values
-    u32 codes[4], pe[4], scale;
+struct MlaRow {
+    u32 a[2], b[2], pe[4];
+    float scale_a, scale_b;
     bool live;
 
     __device__ __forceinline__ void load(const MlaGatherParams& p, int2 loc, int lane) {
         live = loc.x >= 0;
         if (!live) return;
         const u8* rec = p.src_cache + (i64)loc.x * p.block_stride + (i64)loc.y * p.entry_stride;
-        scale = __ldg(reinterpret_cast<const u32*>(rec + 512) + (lane >> 3));
+        const int hi = lane >> 4;
         if (VEC == 16) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
-            codes[0] = v.x; codes[1] = v.y; codes[2] = v.z; codes[3] = v.w;
+            const uint2 x = __ldg(reinterpret_cast<const uint2*>(rec) + lane);
+            const uint2 y = __ldg(reinterpret_cast<const uint2*>(rec + 256) + lane);
+            const uint4 s = __ldg(reinterpret_cast<const uint4*>(rec + 512));
+            a[0] = x.x; a[1] = x.y; b[0] = y.x; b[1] = y.y;
+            scale_a = __uint_as_float(hi ? s.y : s.x);
+            scale_b = __uint_as_float(hi ? s.w : s.z);
             if (lane < 8) {
                 const uint4 e = __ldg(reinterpret_cast<const uint4*>(rec + 528) + lane);
                 pe[0] = e.x; pe[1] = e.y; pe[2] = e.z; pe[3] = e.w;
             }
         } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) codes[i] = __ldg(reinterpret_cast<const u32*>(rec) + 4 * lane + i);
+            const u32* w = reinterpret_cast<const u32*>(rec);
+            a[0] = __ldg(w + 2 * lane); a[1] = __ldg(w + 2 * lane + 1);
+            b[0] = __ldg(w + 64 + 2 * lane); b[1] = __ldg(w + 64 + 2 * lane + 1);
+            scale_a = __uint_as_float(__ldg(w + 128 + hi));
+            scale_b = __uint_as_float(__ldg(w + 130 + hi));
             if (lane < 8) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) pe[i] = __ldg(reinterpret_cast<const u32*>(rec + 528) + 4 * lane + i);
+                for (int i = 0; i < 4; ++i) pe[i] = __ldg(w + 132 + 4 * lane + i);
             }
         }
     }
 
     __device__ __forceinline__ void store(const MlaGatherParams& p, int row, int lane) const {
         if (!live) return;
-        u32 out[8];
-        mla_upconvert16(codes, __uint_as_float(scale), out);
+        u32 oa[4], ob[4];
+        mla_upconvert8(a, scale_a, oa);
+        mla_upconvert8(b, scale_b, ob);
         u8* dst = p.dst + (i64)row * p.dst_row_stride;
         if (VEC == 16) {
-            uint4 a, b;
-            a.x = out[0]; a.y = out[1]; a.z = out[2]; a.w = out[3];
-            b.x = out[4]; b.y = out[5]; b.z = out[6]; b.w = out[7];
-            reinterpret_cast<uint4*>(dst)[2 * lane] = a;
-            reinterpret_cast<uint4*>(dst)[2 * lane + 1] = b;
+            uint4 x, y;
+            x.x = oa[0]; x.y = oa[1]; x.z = oa[2]; x.w = oa[3];
+            y.x = ob[0]; y.y = ob[1]; y.z = ob[2]; y.w = ob[3];
+            reinterpret_cast<uint4*>(dst)[lane] = x;
+            reinterpret_cast<uint4*>(dst + 512)[lane] = y;
             if (lane < 8) {
                 uint4 e;
                 e.x = pe[0]; e.y = pe[1]; e.z = pe[2]; e.w = pe[3];
                 reinterpret_cast<uint4*>(dst + 1024)[lane] = e;
             }
         } else {
+            u32* w = reinterpret_cast<u32*>(dst);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) reinterpret_cast<u32*>(dst)[8 * lane + i] = out[i];
+            for (int i = 0; i < 4; ++i) {
+                w[4 * lane + i] = oa[i];
+                w[128 + 4 * lane + i] = ob[i];
+            }
             if (lane < 8) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) reinterpret_cast<u32*>(dst + 1024)[4 * lane + i] = pe[i];
+                for (int i = 0; i < 4; ++i) w[256 + 4 * lane + i] = pe[i];
             }
         }
     }

@@ -4,10 +4,11 @@
 // fp8_ds_mla (mla_ds_<type>_v16 / _any): a 656-byte record per token: bytes 0-511 the 512
 // kv_c values as fp8 e4m3 in 4 tiles of 128, bytes 512-527 the 4 fp32 tile scales, bytes
 // 528-655 the 64 k_pe values as bf16. One warp per token: lane l owns kv_c values
-// [16l, 16l + 16) (two 16-byte loads, one 16-byte store of their codes), so a tile is 8
-// lanes and its amax 3 xor shuffles; lanes 0-7 carry k_pe (one 16-byte load and store each);
-// lane 0 stores the 4 scales. The _any kernels are the same with 2-byte loads and 4-byte
-// stores, for inputs or caches not 16-byte aligned.
+// [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8) (one 16-byte load and one 8-byte store of codes
+// each: every access instruction of the warp covers one contiguous run), so a tile is 16 lanes
+// and both its amaxes share 4 xor shuffles; lanes 0-7 carry k_pe (one 16-byte load and store
+// each); lane 0 stores the 4 scales. The _any kernels are the same with 2-byte loads and
+// 4-byte stores, for inputs or caches not 16-byte aligned.
 // Numerics (the torch path's, ops/mla_write_torch.py, bit for bit; vLLM's kernel's for bf16):
 // - amax over the tile's |values| in fp32, NaN values ignored (vLLM's fmaxf);
 // - scale = amax / 448 (IEEE division), then either vLLM's current rule, rounded up to a
@@ -80,52 +81,29 @@ __device__ __forceinline__ u8* mla_entry(const MlaWriteParams& p, u32 token, int
     return p.kv_cache + blk * p.block_stride + (slot - blk * bs) * p.entry_stride;
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ void mla_ds_body(const MlaWriteParams& p) {
-    const int lane = threadIdx.x & 31;
-    const u32 token = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
-    if (token >= (u32)p.num_tokens) return;  // the whole warp
-    u8* rec = mla_entry(p, token, lane);
-    if (rec == 0) return;  // the whole warp
+// Max of each 16-bit half of two words.
+__device__ __forceinline__ u32 mla_max2(u32 x, u32 y) {
+    return max(x & 0xffff0000u, y & 0xffff0000u) | max(x & 0xffffu, y & 0xffffu);
+}
 
-    // Every load first: the lane's 16 kv_c values (8 words) and, lanes 0-7, 8 k_pe values.
-    const u8* src = p.kv_c + (i64)token * p.kv_c_row_stride + lane * 32;
-    const bool has_pe = p.pe_dim != 0 && lane < 8;
-    const u8* pe_src = p.k_pe + (i64)token * p.k_pe_row_stride + lane * 16;
-    u32 w[8], pe[4];
-    if (VEC == 16) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src)), b = __ldg(reinterpret_cast<const uint4*>(src) + 1);
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-        if (has_pe) {
-            const uint4 c = __ldg(reinterpret_cast<const uint4*>(pe_src));
-            pe[0] = c.x; pe[1] = c.y; pe[2] = c.z; pe[3] = c.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = mla_load<T>(src + 4 * i) | (mla_load<T>(src + 4 * i + 2) << 16);
-        if (has_pe) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pe[i] = mla_load<T>(pe_src + 4 * i) | (mla_load<T>(pe_src + 4 * i + 2) << 16);
-        }
-    }
-
-    // The tile's amax as the largest |bits| (orders like |value| for bf16 and fp16), NaNs as 0.
+// The largest |bits| of 8 values (4 words; orders like |value| for bf16 and fp16), NaNs as 0.
+template <typename T>
+__device__ __forceinline__ u32 mla_key8(const u32* w) {
     u32 key = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 4; ++i) {
         const u32 lo = w[i] & 0x7fffu, hi = (w[i] >> 16) & 0x7fffu;
         key = max(key, max(lo > (u32)T::NAN_KEY ? 0u : lo, hi > (u32)T::NAN_KEY ? 0u : hi));
     }
-    key = max(key, __shfl_xor_sync(0xffffffffu, key, 4));
-    key = max(key, __shfl_xor_sync(0xffffffffu, key, 2));
-    key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
-    const bool pow2 = (p.flags & NG_MLA_POW2_SCALES) != 0;
-    const float scale = mla_tile_scale(mla_to_float<T>(key), pow2);
-    const float inv = __fdiv_rn(1.0f, scale);  // exact when scale is a power of two
+    return key;
+}
 
-    u32 codes[4];
+// 8 values (4 words) -> 8 fp8 codes (2 words) of value / scale (times the exact inverse for a
+// power-of-two scale: the same number).
+template <typename T>
+__device__ __forceinline__ void mla_codes8(const u32* w, float scale, float inv, bool pow2, u32* codes) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
         float f[4];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -136,10 +114,54 @@ __device__ __forceinline__ void mla_ds_body(const MlaWriteParams& p) {
         }
         codes[i] = mla_nan_code(ng_fp8e4m3x4_from_f32(f[0], f[1], f[2], f[3]));
     }
-    // Tiles 1-3's scales to lane 0 (lanes 8, 16, 24 hold them).
-    const u32 sb = __float_as_uint(scale);
-    const u32 s1 = __shfl_xor_sync(0xffffffffu, sb, 8), s2 = __shfl_xor_sync(0xffffffffu, sb, 16),
-              s3 = __shfl_xor_sync(0xffffffffu, sb, 24);
+}
+
+template <typename T>
+__device__ __forceinline__ void mla_load8(const u8* p, u32* w, bool vec16) {
+    if (vec16) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = mla_load<T>(p + 4 * i) | (mla_load<T>(p + 4 * i + 2) << 16);
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void mla_ds_body(const MlaWriteParams& p) {
+    const int lane = threadIdx.x & 31;
+    const u32 token = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
+    if (token >= (u32)p.num_tokens) return;  // the whole warp
+    u8* rec = mla_entry(p, token, lane);
+    if (rec == 0) return;  // the whole warp
+
+    // Every load first. Lane l owns values [8l, 8l + 8) (half A: tile l / 16) and
+    // [256 + 8l, 256 + 8l + 8) (half B: tile 2 + l / 16), so that each load and store
+    // instruction of the warp covers one contiguous run; lanes 0-7 also 8 k_pe values.
+    const u8* src = p.kv_c + (i64)token * p.kv_c_row_stride + lane * 16;
+    const bool has_pe = p.pe_dim != 0 && lane < 8;
+    const u8* pe_src = p.k_pe + (i64)token * p.k_pe_row_stride + lane * 16;
+    u32 a[4], b[4], pe[4];
+    mla_load8<T>(src, a, VEC == 16);
+    mla_load8<T>(src + 512, b, VEC == 16);
+    if (has_pe) mla_load8<T>(pe_src, pe, VEC == 16);
+
+    // Both tiles' amax keys in one word (A high, B low), reduced over the 16 lanes of the tile.
+    u32 key = (mla_key8<T>(a) << 16) | mla_key8<T>(b);
+    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 8));
+    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 4));
+    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 2));
+    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 1));
+    const bool pow2 = (p.flags & NG_MLA_POW2_SCALES) != 0;
+    const float scale_a = mla_tile_scale(mla_to_float<T>(key >> 16), pow2);
+    const float scale_b = mla_tile_scale(mla_to_float<T>(key & 0xffffu), pow2);
+
+    u32 codes_a[2], codes_b[2];
+    mla_codes8<T>(a, scale_a, __fdiv_rn(1.0f, scale_a), pow2, codes_a);  // the inverse is exact for 2^k
+    mla_codes8<T>(b, scale_b, __fdiv_rn(1.0f, scale_b), pow2, codes_b);
+    // Lane 0 holds the scales of tiles 0 and 2, lane 16 those of tiles 1 and 3.
+    const u32 s0 = __float_as_uint(scale_a), s2 = __float_as_uint(scale_b);
+    const u32 s1 = __shfl_xor_sync(0xffffffffu, s0, 16), s3 = __shfl_xor_sync(0xffffffffu, s2, 16);
     if (has_pe && T::NAN_KEY == MlaF16::NAN_KEY) {  // fp16 k_pe: rounded to the record's bf16
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -148,15 +170,13 @@ __device__ __forceinline__ void mla_ds_body(const MlaWriteParams& p) {
         }
     }
 
-    u8* codes_dst = rec + lane * 16;
     u8* pe_dst = rec + 528 + lane * 16;
     if (VEC == 16) {
-        uint4 v;
-        v.x = codes[0]; v.y = codes[1]; v.z = codes[2]; v.w = codes[3];
-        *reinterpret_cast<uint4*>(codes_dst) = v;
+        *reinterpret_cast<uint2*>(rec + lane * 8) = make_uint2(codes_a[0], codes_a[1]);
+        *reinterpret_cast<uint2*>(rec + 256 + lane * 8) = make_uint2(codes_b[0], codes_b[1]);
         if (lane == 0) {
             uint4 s;
-            s.x = sb; s.y = s1; s.z = s2; s.w = s3;
+            s.x = s0; s.y = s1; s.z = s2; s.w = s3;
             *reinterpret_cast<uint4*>(rec + 512) = s;
         }
         if (has_pe) {
@@ -165,11 +185,12 @@ __device__ __forceinline__ void mla_ds_body(const MlaWriteParams& p) {
             *reinterpret_cast<uint4*>(pe_dst) = e;
         }
     } else {  // the entry is 4-byte aligned (checked by the host)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) reinterpret_cast<u32*>(codes_dst)[i] = codes[i];
+        u32* ca = reinterpret_cast<u32*>(rec + lane * 8);
+        u32* cb = reinterpret_cast<u32*>(rec + 256 + lane * 8);
+        ca[0] = codes_a[0]; ca[1] = codes_a[1]; cb[0] = codes_b[0]; cb[1] = codes_b[1];
         if (lane == 0) {
             u32* s = reinterpret_cast<u32*>(rec + 512);
-            s[0] = sb; s[1] = s1; s[2] = s2; s[3] = s3;
+            s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3;
         }
         if (has_pe) {
 #pragma unroll

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU in one go (one device call): the test suite, the CLI as a
 # user runs it, the GPU tests again under compute-sanitizer memcheck, and the benchmark.
-#   scripts/gpu_check.sh [tests] [cli] [quick] [gpu] [memcheck] [racecheck] [resources] [bench] [PATH ...]
+#   scripts/gpu_check.sh [tests] [cli] [quick] [gpu] [memcheck] [racecheck] [resources] [bench] [bench_mla] [PATH ...]
 #   (default: tests cli memcheck bench; cli = demo, info, warmup, cache list / verify --arch of this
 #   GPU in a fresh cache directory; quick = the GPU tests without the slow ones; gpu = tests/gpu
 #   and tests/integrations, slow ones included;
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
 #   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/profile_gather.py);
+#   bench = benchmarks/bench.py, the MLA-cache ops' tables included (benchmarks/bench_mla.py; --skip-mla
+#   in BENCH_ARGS leaves them out); bench_mla = the MLA tables alone (BENCH_MLA_ARGS passes its options);
 #   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark,
 #   PROFILE_ARGS workloads (BATCHxMEAN ...) to the profile)
 # Logs and results go to $OUT (the device tool's output folder) or ./out.
@@ -38,10 +40,18 @@ for stage in $stages; do
     memcheck)
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py tests/gpu/test_index_extremes_gpu.py -k "not second_process" 2>&1 \
-        | tee "$OUT/memcheck.log" | tail -8 || status=1 ;;
+        | tee "$OUT/memcheck.log" | tail -8 || status=1
+      # the MLA-cache ops: their bad-index and misalignment tests (the whole grid would take long under memcheck)
+      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        tests/gpu/test_mla_gpu.py -k "bad_indices or slots_past or misalignment or nothing_to_do or padding_only" 2>&1 \
+        | tee "$OUT/memcheck_mla.log" | tail -8 || status=1 ;;
     racecheck)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1 ;;
+        tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1
+      # the MLA gather (shared memory between its search and copy phases) and the write (warp shuffles)
+      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        tests/gpu/test_mla_gpu.py -k "forced_rows_per_cta or request_search or round_trip" 2>&1 \
+        | tee "$OUT/racecheck_mla.log" | tail -5 || status=1 ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "
@@ -58,6 +68,8 @@ for m in kernels.ALL_MODULES:
         && python3 benchmarks/profile_gather.py report "$OUT/ncu.csv" ${PROFILE_ARGS:-} | tee "$OUT/profile.log" || status=1 ;;
     bench)
       python3 benchmarks/bench.py "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    bench_mla)
+      python3 benchmarks/bench_mla.py "$OUT" ${BENCH_MLA_ARGS:-} 2>&1 | tee "$OUT/bench_mla.log" || status=1 ;;
     *) python3 -m pytest -q -rs $stage 2>&1 | tail -25 || status=1 ;;
   esac
 done

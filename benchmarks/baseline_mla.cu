@@ -1,0 +1,156 @@
+// Benchmark baselines only (never used by the ops): the MLA-cache ops launched the way vLLM's
+// kernels are, written here from a description of that launch (not vLLM's code), so that
+// benchmarks/bench_mla.py can time them beside ours through the same runtime. Each has its own
+// small parameter struct (declared again in bench_mla.py, packed without padding: every i32
+// pair sits before the next 8-byte field). Inputs are trusted: no index is checked.
+//
+// baseline_mla_gather (512 threads per block): grid = ceil(num_rows / block_size) + 2 * batch.
+//   Block k takes the k-th page of the concatenation of every request's page list (request r
+//   covers tokens [seq0_r, seq0_r + len_r), pages_r = ceil((seq0_r + len_r) / bs) - seq0_r / bs);
+//   thread 0 finds it by a serial scan of the requests, reading workspace_starts (and
+//   seq_starts) from global memory. Then one warp per token of the page (16 warps, stepping
+//   by 16): lane l decodes the 8-byte code chunks c = l and c = 32 + l (uint2 loads), scale =
+//   scales[c >> 4], fp8 -> float * scale -> bf16 (nearest even), one 16-byte store per chunk;
+//   the 32 lanes copy the 128 k_pe bytes one int each.
+// baseline_mla_write (96 threads per block): one block per token. Threads 0-63 load 8 bf16
+//   values each (16 bytes); a half-warp (16 lanes) holds one 128-value tile, whose amax takes 4
+//   xor shuffles of width 16; scale = max(amax / 448, FLT_MIN) (the older scale rule: our op's
+//   ds_scale_rule="plain"); codes = e4m3 of x / scale, one 8-byte store per thread; lanes 0 and
+//   16 of warps 0-1 store their tile's scale; threads 64-95 copy the k_pe bytes, 4 each.
+#include "common.cuh"
+#include "fp8_e4m3.cuh"
+#include "half_bits.cuh"
+
+#define BASELINE_GATHER_THREADS 512
+#define BASELINE_WRITE_THREADS 96
+
+struct BaselineMlaGatherParams {
+    const u8* src_cache;          // record of (block b, entry t) at src_cache + b * block_stride + t * entry_stride
+    u8* dst;                      // bf16 [num_rows, 576]
+    const i32* block_table;       // request r's blocks at block_table + r * bt_row_stride
+    const i32* workspace_starts;  // batch entries
+    const i32* seq_starts;        // batch entries, or null (0)
+    i64 block_stride;             // bytes
+    i64 entry_stride;             // bytes
+    i64 dst_row_stride;           // bytes
+    i64 bt_row_stride;            // elements
+    i32 num_rows;
+    i32 batch;
+    i32 block_size;
+    i32 unused;
+    i64* error;                   // the runtime's debug buffer (not used)
+};
+
+struct BaselineMlaWriteParams {
+    const u8* kv_c;               // bf16 [num_tokens, 512], row i at kv_c + i * kv_c_row_stride
+    const u8* k_pe;               // bf16 [num_tokens, 64]
+    const i64* slot_mapping;      // num_tokens entries; < 0: padding
+    u8* kv_cache;                 // 656-byte records
+    i64 kv_c_row_stride;          // bytes
+    i64 k_pe_row_stride;          // bytes
+    i64 block_stride;             // bytes
+    i64 entry_stride;             // bytes
+    i32 num_tokens;
+    i32 block_size;
+    i64* error;                   // the runtime's debug buffer (not used)
+};
+
+extern "C" __global__ void __launch_bounds__(BASELINE_GATHER_THREADS)
+baseline_mla_gather(const BaselineMlaGatherParams p) {
+    __shared__ int s_task[5];  // request, page (block_table column), first token, token end, block id
+    if (threadIdx.x == 0) {
+        const int k = blockIdx.x;
+        int acc = 0, req = -1, page = 0, lo = 0, hi = 0;
+        for (int r = 0; r < p.batch; ++r) {  // serial scan, as vLLM's kernel does
+            const int start = p.workspace_starts[r];
+            const int next = r + 1 < p.batch ? p.workspace_starts[r + 1] : p.num_rows;
+            const int len = next - start;
+            if (len <= 0) continue;
+            const int seq0 = p.seq_starts ? p.seq_starts[r] : 0;
+            const int pages = (seq0 + len + p.block_size - 1) / p.block_size - seq0 / p.block_size;
+            if (k < acc + pages) {
+                req = r;
+                page = seq0 / p.block_size + (k - acc);
+                lo = max(seq0, page * p.block_size);
+                hi = min(seq0 + len, (page + 1) * p.block_size);
+                break;
+            }
+            acc += pages;
+        }
+        s_task[0] = req;
+        s_task[1] = page;
+        s_task[2] = lo;
+        s_task[3] = hi;
+        s_task[4] = req >= 0 ? p.block_table[(i64)req * p.bt_row_stride + page] : -1;
+    }
+    __syncthreads();
+    const int req = s_task[0];
+    if (req < 0) return;  // the over-provisioned blocks
+    const int lo = s_task[2], hi = s_task[3], blk = s_task[4];
+    const int seq0 = p.seq_starts ? p.seq_starts[req] : 0;
+    const int row0 = p.workspace_starts[req] - seq0;  // dst row of token pos: row0 + pos
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int page_start = s_task[1] * p.block_size;
+    for (int pos = lo + warp; pos < hi; pos += BASELINE_GATHER_THREADS / 32) {
+        const u8* rec = p.src_cache + (i64)blk * p.block_stride + (i64)(pos - page_start) * p.entry_stride;
+        u8* out = p.dst + (i64)(row0 + pos) * p.dst_row_stride;
+        const float* scales = reinterpret_cast<const float*>(rec + 512);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int c = lane + 32 * half;  // 8-byte chunk of codes: values [8c, 8c + 8)
+            const uint2 v = reinterpret_cast<const uint2*>(rec)[c];
+            const float scale = scales[c >> 4];
+            float f[8];
+            ng_float2_from_fp8e4m3x2(v.x & 0xffffu, f[0], f[1]);
+            ng_float2_from_fp8e4m3x2(v.x >> 16, f[2], f[3]);
+            ng_float2_from_fp8e4m3x2(v.y & 0xffffu, f[4], f[5]);
+            ng_float2_from_fp8e4m3x2(v.y >> 16, f[6], f[7]);
+            uint4 o;
+            o.x = ng_bf16x2_from_float(__fmul_rn(f[0], scale), __fmul_rn(f[1], scale));
+            o.y = ng_bf16x2_from_float(__fmul_rn(f[2], scale), __fmul_rn(f[3], scale));
+            o.z = ng_bf16x2_from_float(__fmul_rn(f[4], scale), __fmul_rn(f[5], scale));
+            o.w = ng_bf16x2_from_float(__fmul_rn(f[6], scale), __fmul_rn(f[7], scale));
+            reinterpret_cast<uint4*>(out)[c] = o;
+        }
+        reinterpret_cast<u32*>(out + 1024)[lane] = reinterpret_cast<const u32*>(rec + 528)[lane];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BASELINE_WRITE_THREADS)
+baseline_mla_write(const BaselineMlaWriteParams p) {
+    const int token = blockIdx.x;
+    if (token >= p.num_tokens) return;
+    const i64 slot = p.slot_mapping[token];
+    if (slot < 0) return;
+    const i64 blk = slot / p.block_size;
+    u8* rec = p.kv_cache + blk * p.block_stride + (slot - blk * p.block_size) * p.entry_stride;
+    const int t = threadIdx.x;
+    if (t >= 64) {  // k_pe: 32 threads, 4 bytes each
+        const int i = t - 64;
+        reinterpret_cast<u32*>(rec + 528)[i] =
+            reinterpret_cast<const u32*>(p.k_pe + (i64)token * p.k_pe_row_stride)[i];
+        return;
+    }
+    // Threads 0-63: values [8t, 8t + 8); a half-warp is one 128-value tile.
+    const uint4 v = reinterpret_cast<const uint4*>(p.kv_c + (i64)token * p.kv_c_row_stride)[t];
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    float x[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        x[2 * i] = ng_bf16_to_float(w[i] & 0xffffu);
+        x[2 * i + 1] = ng_bf16_to_float(w[i] >> 16);
+        amax = fmaxf(amax, fmaxf(fabsf(x[2 * i]), fabsf(x[2 * i + 1])));
+    }
+#pragma unroll
+    for (int m = 8; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m, 16));
+    float scale = __fdiv_rn(amax, 448.0f);
+    scale = fmaxf(scale, 1.17549435e-38f);  // FLT_MIN
+    uint2 codes;
+    codes.x = ng_fp8e4m3x2_from_f32(__fdiv_rn(x[0], scale), __fdiv_rn(x[1], scale)) |
+              (ng_fp8e4m3x2_from_f32(__fdiv_rn(x[2], scale), __fdiv_rn(x[3], scale)) << 16);
+    codes.y = ng_fp8e4m3x2_from_f32(__fdiv_rn(x[4], scale), __fdiv_rn(x[5], scale)) |
+              (ng_fp8e4m3x2_from_f32(__fdiv_rn(x[6], scale), __fdiv_rn(x[7], scale)) << 16);
+    reinterpret_cast<uint2*>(rec)[t] = codes;
+    if ((t & 15) == 0) reinterpret_cast<float*>(rec + 512)[t >> 4] = scale;  // lanes 0 and 16 of warps 0-1
+}
