@@ -51,7 +51,9 @@ def install_fake_driver() -> NoopDriver:
     fake = NoopDriver()
     driver.raw = lambda: fake
     driver.primary_context = lambda device: None
-    runtime._raw_stream = abs  # a C builtin, 0 for device 0: stands for torch's ~0.1 µs stream query
+    # torch's stream query (a ~0.1 µs C call) is a C builtin here, 0 for device 0; runtime.py
+    # before issue 18 called it through _raw_stream.
+    setattr(runtime, "_raw_stream" if hasattr(runtime, "_raw_stream") else "current_stream", abs)
     for module in jit_spec.registered():  # every module "loaded" on device 0, no NVRTC
         functions = {name: i + 1 for i, name in enumerate(module.kernels)}
         runtime._loaded[module.name, 0] = runtime.LoadedModule(module, 0, functions)

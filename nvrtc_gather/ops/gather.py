@@ -211,10 +211,10 @@ class GatherLayout(NamedTuple):
     """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
 
     device: int
-    low_bits: int     # _low_bits of the plan
+    widths: tuple     # vector width by the low 4 bits of kv_cache's and dst_k's pointers
     extents: tuple    # _extents of the plan
     launches: dict    # vector width -> fast_path.Launch
-    handles: dict     # vector width -> loaded module, filled as used
+    launchers: dict   # vector width -> its launcher, made on first use (fast_path.bind)
 
 
 def struct_fields(p: GatherPlan) -> dict:
@@ -250,18 +250,19 @@ def _layout(p: GatherPlan, module=None) -> GatherLayout:
         if not launches:
             pack = spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _NAMES})
         launches[vec] = Launch(module or spec.MODULES[vec], cfg.entry, cfg.grid, pack)
-    return GatherLayout(p.device, _low_bits(p), _extents(p), launches, {})
+    low_bits = _low_bits(p)
+    widths = fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low_bits))
+    return GatherLayout(p.device, widths, _extents(p), launches, {})
 
 
 def _run(layout: GatherLayout, kv_p: int, k_p: int, s_p: int, bt_p: int, cu_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
-    vec = spec.vector_width(kv_p | k_p | layout.low_bits)
-    ready = layout.launches[vec]
-    pack = ready.pack
+    vec = layout.widths[(kv_p | k_p) & 15]  # spec.vector_width(kv_p | k_p | _low_bits(plan))
+    pack = layout.launches[vec].pack
 
     def fill(buf, error):
         pack(buf, kv_cache=kv_p, dst_k=k_p, dst_scale=s_p, block_table=bt_p, cu_seq_lens=cu_p, error=error)
-    fast_path.launch(layout.device, ready, layout.handles, vec, fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
 
 
 _layouts = LayoutMemo()
