@@ -85,7 +85,8 @@ class LoadedModule:
         torch's current stream, asked at each call); ``fill(buf, error)`` packs the struct.
         Everything fixed is bound here once, so a launch is this closure and the driver calls
         (``go``'s ``err_ptr`` is its own: the debug-mode buffer of the call it wraps)."""
-        function, threads, context, device, raw = self.functions[entry], self._threads, self._context, self.device, self._raw
+        function, threads, context = self.functions[entry], self._threads, self._context
+        device, raw = self.device, self._raw
         stream_of = stream_of or current_stream
         label = self.module.label
 
