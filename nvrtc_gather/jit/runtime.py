@@ -3,11 +3,14 @@ context once, and launch its entry points. Every op launches through ``LoadedMod
 
 - ``load(module, device, stream)``: the module's loaded handle, built and loaded on first use
   and kept for the process; refuses to compile or load while ``stream`` captures a CUDA graph.
-- ``LoadedModule.launch(entry, grid, stream, fill)``: one kernel launch. ``fill(buf, error)``
-  packs the parameter struct into ``buf`` with the given ``error`` pointer (a packer from
+- ``LoadedModule.launcher(entry, grid)``: ``go(fill)``, which launches ``entry`` with ``grid``
+  blocks on torch's current stream of the module's device. ``fill(buf, error)`` packs the
+  parameter struct into ``buf`` with the given ``error`` pointer (a packer from
   ParamStruct.packer, fields by name): null normally, and with NVRTC_GATHER_DEBUG=1 a device
   buffer that is read back after the launch (one sync) and turned into a ValueError naming
-  the bad index.
+  the bad index. The ops keep one per layout and vector width (ops/fast_path.py), so a call
+  is one Python call into the launcher, not a chain.
+- ``LoadedModule.launch(entry, grid, stream, fill)``: the same, once, on a given stream.
 - ``preload(device)``: load every registered module now (before CUDA-graph capture).
 """
 from __future__ import annotations
@@ -24,17 +27,15 @@ from ..errors import CaptureError, CudaError
 from . import build, driver, spec
 from .debug_errors import raise_if_set
 
-try:  # a C call returning the handle as an int (~0.1 µs)
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # torch without it (or a CPU-only build): build a Stream object (~2 µs)
-    _raw_stream = None
-
-
-def current_stream(device: int) -> int:
+def _current_stream_object(device: int) -> int:
     """Handle of torch's current stream on CUDA device ``device`` (0 = the legacy default stream)."""
-    if _raw_stream is not None:
-        return _raw_stream(device)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+# current_stream(device): handle of torch's current stream on CUDA device ``device`` (0 = the
+# legacy default stream). torch's C call returning it as an int (~0.1 µs) where it has one; else
+# (an older or CPU-only build) from a Stream object (~2 µs).
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream_object)
 
 
 log = logging.getLogger(__name__)
@@ -77,32 +78,42 @@ class LoadedModule:
     def launch(self, entry: str, grid: int, stream: int, fill: Callable[[ctypes.Array, int], None]) -> None:
         """Launch ``entry`` with ``grid`` blocks on ``stream`` (a raw CUstream handle);
         ``fill(buf, error)`` packs the parameter struct into ``buf``."""
-        if settings.debug_enabled():
-            err = error_buffer(self.device)
-            self._launch(self.functions[entry], grid, fill, err.data_ptr(), stream)
-            raise_if_set(err, self.module.label)
-        else:
-            self._launch(self.functions[entry], grid, fill, 0, stream)
+        self.launcher(entry, grid, lambda device: stream)(fill)
 
-    def _launch(self, function: int, grid: int, fill, err_ptr: int, stream: int) -> None:
-        # Every op call runs this: kept to one pack, three config fields, the context check and
-        # cuLaunchKernelEx (4 arguments through ctypes instead of cuLaunchKernel's 11).
-        try:
-            buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _tls.state
-        except AttributeError:
-            buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
-        fill(buf, err_ptr)
-        cfg.gridDimX = grid
-        cfg.blockDimX = self._threads
-        cfg.hStream = stream
-        raw = self._raw
-        raw.ctx_get_current(cur_ref)
-        if cur.value == self._context:  # the usual case
-            rc = raw.launch_ex(cfg_addr, function, params, None)
-        else:  # tensors on another device than the current one, or a thread that never used CUDA
-            rc = driver.in_primary_context(self.device, lambda: raw.launch_ex(cfg_addr, function, params, None))
-        if rc:
-            raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
+    def launcher(self, entry: str, grid: int, stream_of: Callable[[int], int] | None = None):
+        """``go(fill)``: launch ``entry`` with ``grid`` blocks on ``stream_of(device)`` (default:
+        torch's current stream, asked at each call); ``fill(buf, error)`` packs the struct.
+        Everything fixed is bound here once, so a launch is this closure and the driver calls
+        (``go``'s ``err_ptr`` is its own: the debug-mode buffer of the call it wraps)."""
+        function, threads, context = self.functions[entry], self._threads, self._context
+        device, raw = self.device, self._raw
+        stream_of = stream_of or current_stream
+        label = self.module.label
+
+        def go(fill, err_ptr: int = 0) -> None:
+            # Every op call runs this: one pack, three config fields, the context check and
+            # cuLaunchKernelEx (4 arguments through ctypes instead of cuLaunchKernel's 11).
+            if not err_ptr and settings.debug_enabled():  # an error buffer, read back after the launch
+                err = error_buffer(device)
+                go(fill, err.data_ptr())
+                raise_if_set(err, label)
+                return
+            try:
+                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _tls.state
+            except AttributeError:
+                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
+            fill(buf, err_ptr)
+            cfg.gridDimX = grid
+            cfg.blockDimX = threads
+            cfg.hStream = stream_of(device)
+            raw.ctx_get_current(cur_ref)
+            if cur.value == context:  # the usual case
+                rc = raw.launch_ex(cfg_addr, function, params, None)
+            else:  # tensors on another device than the current one, or a thread that never used CUDA
+                rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
+            if rc:
+                raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
+        return go
 
 
 _lock = threading.RLock()

@@ -5,8 +5,9 @@ arguments, and its tensors' data pointers; an engine calls the op layer after la
 same metadata and new pointers. So each op remembers, under the metadata (``layout_key``), a
 *layout*: a named record of what the pointer-dependent checks and the launch need (byte
 extents, the alignment bits that stay fixed, one ready launch per vector width with the
-parameter struct's fixed fields bound by name). A later call with that metadata redoes only
-the pointer checks (alignment, outputs overlapping inputs) and launches; anything they would
+parameter struct's fixed fields bound by name, and its launcher once the module is loaded). A
+later call with that metadata redoes only the pointer checks (alignment, outputs overlapping
+inputs) and launches: one call into the launcher (``bind``); anything they would
 reject falls through to the op's full checks, which raise. A layout is recorded only after
 the full checks accepted a call, so both paths accept exactly the same calls."""
 from __future__ import annotations
@@ -59,12 +60,21 @@ def layout_key5(a, b, c, d, e) -> tuple:
             e.device, e.dtype, e.shape, e.stride())
 
 
-def launch(device: int, ready: Launch, handles: dict, vec: int, fill) -> None:
-    """Run one of a layout's ready launches on torch's current stream of ``device``: its module
-    is loaded on first use (kept in the layout's ``handles`` by vector width), ``fill(buf,
-    error)`` packs the struct (the op binds the data pointers by name)."""
-    stream = runtime.current_stream(device)
-    handle = handles.get(vec)
-    if handle is None:  # first call with this vector width: the module is loaded already or now
-        handle = handles[vec] = runtime.load(ready.module, device, stream)
-    handle.launch(ready.entry, ready.grid, stream, fill)
+def widths_by_alignment(width_of) -> tuple:
+    """``width_of(bits)`` for each value of a data pointer's low 4 bits, so a call picks its
+    vector width with one index (``widths[pointer & 15]``) instead of a function call. Exact
+    because no vector is wider than 16 bytes: the choice depends on those bits only."""
+    return tuple(width_of(bits) for bits in range(16))
+
+
+def bind(layout, vec: int):
+    """The launcher of ``layout``'s ready launch for vector width ``vec``, made on its first use
+    and kept in ``layout.launchers`` (the op's hot path reads that dict first): ``go(fill)``
+    (runtime.LoadedModule.launcher) launches on torch's current stream of ``layout.device``,
+    ``fill(buf, error)`` packs the struct (the op binds the data pointers by name). The module
+    is loaded already or now. A layout is any record with ``device``, ``launches`` (vector
+    width -> Launch) and ``launchers`` (a dict, empty at first)."""
+    ready = layout.launches[vec]
+    handle = runtime.load(ready.module, layout.device, runtime.current_stream(layout.device))
+    go = layout.launchers[vec] = handle.launcher(ready.entry, ready.grid)
+    return go

@@ -171,13 +171,11 @@ class QuantLayout(NamedTuple):
     """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
 
     device: int
-    low_bits: int           # _low_bits of the plan
+    widths: tuple           # vector width by the low 4 bits of k's pointer
     element_size: int
-    head_dim: int
-    quant_block_size: int
     extents: tuple          # _extents of the plan
     launches: dict          # vector width -> fast_path.Launch
-    handles: dict           # vector width -> loaded module, filled as used
+    launchers: dict         # vector width -> its launcher, made on first use (fast_path.bind)
 
 
 def struct_fields(p: QuantPlan) -> dict:
@@ -214,19 +212,20 @@ def _layout(p: QuantPlan, module=None) -> QuantLayout:
                                                                                       p.head_dim)))
         launches[vec] = Launch(module or spec.MODULES[p.k_type, vec], cfg.entry, cfg.grid,
                                spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
-    return QuantLayout(p.device, _low_bits(p), p.element_size, p.head_dim, p.quant_block_size, _extents(p),
-                       launches, {})
+    low_bits = _low_bits(p)
+    widths = fast_path.widths_by_alignment(
+        lambda bits: spec.vector_width(bits | low_bits, p.element_size, p.head_dim, p.quant_block_size))
+    return QuantLayout(p.device, widths, p.element_size, _extents(p), launches, {})
 
 
 def _run(layout: QuantLayout, k_p: int, sm_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
-    vec = spec.vector_width(k_p | layout.low_bits, layout.element_size, layout.head_dim, layout.quant_block_size)
-    ready = layout.launches[vec]
-    pack = ready.pack
+    vec = layout.widths[k_p & 15]  # spec.vector_width(k_p | _low_bits(plan), ...)
+    pack = layout.launches[vec].pack
 
     def fill(buf, error):
         pack(buf, k=k_p, slot_mapping=sm_p, kv_cache=kv_p, error=error)
-    fast_path.launch(layout.device, ready, layout.handles, vec, fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
 
 
 _layouts = LayoutMemo()

@@ -179,10 +179,10 @@ class MlaGatherLayout(NamedTuple):
     """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
 
     device: int
-    low_bits: int
+    widths: tuple     # vector width by the OR of src_cache's and dst's pointers' low 4 bits
     extents: tuple    # _extents of the plan
     launches: dict    # vector width -> fast_path.Launch
-    handles: dict     # vector width -> loaded module, filled as used
+    launchers: dict   # vector width -> launcher, made on first use (fast_path.bind)
 
 
 def struct_fields(p: MlaGatherPlan) -> dict:
@@ -213,18 +213,19 @@ def _layout(p: MlaGatherPlan, module=None) -> MlaGatherLayout:
         cfg = launch_config(p._replace(vec=vec))
         launches[vec] = Launch(module or spec.GATHER_MODULE, cfg.entry, cfg.grid,
                                spec.GATHER_PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
-    return MlaGatherLayout(p.device, _low_bits(p), _extents(p), launches, {})
+    low = _low_bits(p)
+    return MlaGatherLayout(p.device, fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low)),
+                           _extents(p), launches, {})
 
 
 def _run(layout: MlaGatherLayout, src_p: int, dst_p: int, bt_p: int, ws_p: int, seq_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
-    vec = spec.vector_width(layout.low_bits | src_p | dst_p)
-    ready = layout.launches[vec]
-    pack = ready.pack
+    vec = layout.widths[(src_p | dst_p) & 15]
+    pack = layout.launches[vec].pack
 
     def fill(buf, error):
         pack(buf, src_cache=src_p, dst=dst_p, block_table=bt_p, workspace_starts=ws_p, seq_starts=seq_p, error=error)
-    fast_path.launch(layout.device, ready, layout.handles, vec, fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
 
 
 _layouts = LayoutMemo()

@@ -232,10 +232,10 @@ class WriteLayout(NamedTuple):
 
     device: int
     fmt: str
-    low_bits: int
+    widths: tuple           # vector width by the OR of the data pointers' low 4 bits
     extents: tuple          # _extents of the plan
     launches: dict          # vector width -> fast_path.Launch
-    handles: dict           # vector width -> loaded module, filled as used
+    launchers: dict         # vector width -> launcher, made on first use (fast_path.bind)
 
 
 def struct_fields(p: WritePlan) -> dict:
@@ -243,7 +243,8 @@ def struct_fields(p: WritePlan) -> dict:
     return dict(kv_c=p.kv_c_ptr, k_pe=p.k_pe_ptr, slot_mapping=p.slot_ptr, scale=p.scale_ptr, kv_cache=p.kv_ptr,
                 kv_c_row_stride=p.kv_c_row_stride, k_pe_row_stride=p.k_pe_row_stride, block_stride=p.block_stride,
                 entry_stride=p.entry_stride, num_slots=p.num_slots, num_tokens=p.num_tokens,
-                block_size=p.block_size, kv_lora_rank=p.kv_lora_rank, pe_dim=p.pe_dim, flags=p.flags)
+                block_size=p.block_size, kv_lora_rank=p.kv_lora_rank, pe_dim=p.pe_dim, flags=p.flags,
+                tokens_per_warp=spec.tokens_per_warp(p.num_tokens))
 
 
 class LaunchConfig(NamedTuple):
@@ -261,7 +262,8 @@ def _module(p: WritePlan):
 def launch_config(p: WritePlan) -> LaunchConfig:
     """The launch of a validated call with num_tokens > 0."""
     entry = spec.ds_entry(p.k_type, p.vec) if p.fmt == "ds" else spec.plain_entry(p.k_type, p.fmt)
-    return LaunchConfig(entry, spec.write_grid(p.num_tokens), struct_fields(p))
+    fields = struct_fields(p)
+    return LaunchConfig(entry, spec.write_grid(p.num_tokens, fields["tokens_per_warp"]), fields)
 
 
 def _layout(p: WritePlan, module=None) -> WriteLayout:
@@ -272,18 +274,19 @@ def _layout(p: WritePlan, module=None) -> WriteLayout:
         cfg = launch_config(p._replace(vec=vec))
         launches[vec] = Launch(module or _module(p), cfg.entry, cfg.grid,
                                spec.WRITE_PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
-    return WriteLayout(p.device, p.fmt, _low_bits(p), _extents(p), launches, {})
+    low = _low_bits(p)
+    widths = fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low) if p.fmt == "ds" else 0)
+    return WriteLayout(p.device, p.fmt, widths, _extents(p), launches, {})
 
 
 def _run(layout: WriteLayout, kv_c_p: int, k_pe_p: int, sm_p: int, sc_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
-    vec = spec.vector_width(layout.low_bits | kv_c_p | k_pe_p | kv_p) if layout.fmt == "ds" else 0
-    ready = layout.launches[vec]
-    pack = ready.pack
+    vec = layout.widths[(kv_c_p | k_pe_p | kv_p) & 15]
+    pack = layout.launches[vec].pack
 
     def fill(buf, error):
         pack(buf, kv_c=kv_c_p, k_pe=k_pe_p, slot_mapping=sm_p, scale=sc_p, kv_cache=kv_p, error=error)
-    fast_path.launch(layout.device, ready, layout.handles, vec, fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
 
 
 _layouts = LayoutMemo()

@@ -442,3 +442,33 @@ def test_mla_gather_op_launches_what_launch_config_says_and_takes_the_fast_path(
     assert fake.params[:mla_cache.GATHER_PARAMS.layout.size] == mla_cache.GATHER_PARAMS.pack(**cfg.fields,
                                                                                              error=err.data_ptr())
     assert fake.launches[-1] == want[0]
+
+
+def test_layout_vector_widths_by_alignment_are_the_specs_choice(fake, monkeypatch):
+    """A layout picks the vector width from its table (fast_path.widths_by_alignment, the low 4
+    bits of the pointers) instead of calling the spec: the same width for any pointer."""
+    import random
+
+    import torch
+
+    from nvrtc_gather.kernels import gather as gspec, indexer_k_quant as qspec
+    from nvrtc_gather.ops import gather, indexer_k_quant
+    from helpers.reference import make_gather_case
+
+    rng = random.Random(3)
+    c = make_gather_case(rng, block_size=16, head_dim=128, quant_block_size=64, batch=3, strided=False)
+    for row_stride in (128, 136, 132):  # dst_k's row stride in bytes adds 16-, 8- and 4-byte bits
+        plan = gather.plan_gather(*c.args())._replace(device=0, tokens_per_cta=8, dst_k_row_stride=row_stride)
+        layout = gather._layout(plan)
+        for _ in range(200):
+            kv_p, k_p = rng.randrange(0, 1 << 48, 4), rng.randrange(0, 1 << 48, 4)
+            assert layout.widths[(kv_p | k_p) & 15] == gspec.vector_width(kv_p | k_p | gather._low_bits(plan))
+    k = torch.zeros(8, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(2, 16, 136, dtype=torch.uint8)  # head_dim + 4 * 128 / 64
+    for k_row_stride in (256, 264, 260):
+        plan = indexer_k_quant.plan_quant(k, kv, torch.arange(8), 64, "ue8m0")._replace(
+            device=0, k_row_stride=k_row_stride)
+        layout = indexer_k_quant._layout(plan)
+        for _ in range(200):
+            k_p = rng.randrange(0, 1 << 48, 2)
+            assert layout.widths[k_p & 15] == qspec.vector_width(k_p | indexer_k_quant._low_bits(plan), 2, 128, 64)
