@@ -15,11 +15,10 @@ struct MlaWriteParams {
     i64 block_stride;         // bytes
     i64 entry_stride;         // bytes
     i64 num_slots;            // num_blocks * block_size
-    // flags is an i64 so that the struct has no padding: the host packs the fields back to back
-    // (jit/spec.py ParamStruct, "<" layout). As the fifth i32 it left `error` at byte 100 for
-    // the host but 104 for the compiler, so the kernel read half the error pointer and 4 stale
-    // bytes of the launch buffer (found by tests/emulator/test_mla_emulated.py).
-    i64 flags;                // NG_MLA_* below
+    // An even number of i32 fields: the host packs the fields back to back (jit/spec.py
+    // ParamStruct refuses an order the compiler would pad).
+    i32 flags;                // NG_MLA_* below
+    i32 tokens_per_warp;      // 1..NG_MLA_TPW
     i32 num_tokens;
     i32 block_size;
     i32 kv_lora_rank;         // kv_c elements per token

@@ -27,6 +27,7 @@
 #include "mla_params.cuh"
 #include "fp8_e4m3.cuh"
 #include "half_bits.cuh"
+#include "scale_math.cuh"
 
 // kv_c / k_pe element types. NAN_KEY: the largest |bits| that is not a NaN (inf).
 struct MlaBf16 { enum { SIZE = 2, NAN_KEY = 0x7f80 }; };
@@ -59,19 +60,45 @@ __device__ __forceinline__ u32 mla_nan_code(u32 w) {
 #endif
 }
 
-// A tile's fp32 scale from its amax (never NaN: NaN values are left out of it).
-__device__ __forceinline__ float mla_tile_scale(float amax, bool pow2) {
-    const float s = __fdiv_rn(amax, 448.0f);
-    if (!pow2) return s > 1.17549435e-38f ? s : 1.17549435e-38f;  // FLT_MIN
-    const u32 b = __float_as_uint(s > 1e-4f ? s : 1e-4f);
-    return __uint_as_float(b < 0x7f800000u ? (b + 0x7fffffu) & 0xff800000u : b);  // up to 2^k; inf stays
+// A tile's fp32 scale and (power-of-two rule) its exact inverse, from its amax's fp32 bits
+// (never a NaN: NaN values are left out of it), without a division:
+// - pow2: 2^ceil(log2(max(amax / 448, 1e-4))) = max(the power of two above amax / 448, 2^-13)
+//   (2^-13 is the power of two above 1e-4; amax is raised to 0.0448 first, where both give
+//   2^-13, to stay in ng_pow2_above_div448's range); inf stays inf, with inverse 0;
+// - plain: max(amax / 448, FLT_MIN), the quotient by ng_div448 (exact from 2^-119; below,
+//   the quotient is under FLT_MIN anyway).
+__device__ __forceinline__ void mla_tile_scale(u32 amax, bool pow2, float& scale, float& inv) {
+    if (amax >= 0x7f800000u) {
+        scale = __uint_as_float(0x7f800000u);
+        inv = 0.0f;
+    } else if (pow2) {
+        const u32 r = max(ng_pow2_above_div448(max(amax, 0x3d378034u)), 0x39000000u);  // 0.0448f, 2^-13
+        scale = __uint_as_float(r);
+        inv = __uint_as_float(ng_pow2_inverse(r));
+    } else {
+        const float q = amax < 0x04000000u ? 0.0f : ng_div448(__uint_as_float(amax));  // 2^-119
+        scale = q > 1.17549435e-38f ? q : 1.17549435e-38f;  // FLT_MIN
+        inv = 0.0f;
+    }
 }
 
-// The token's cache entry, or null for a padding slot or one past the cache (reported).
-// Every lane of the warp gets the same answer.
-__device__ __forceinline__ u8* mla_entry(const MlaWriteParams& p, u32 token, int lane) {
-    const i64 slot = __ldg(p.slot_mapping + token);
-    if (slot < 0) return 0;
+// The most tokens per warp (-DNG_MLA_TPW from the spec, nvrtc_gather/kernels/mla_cache.py); a
+// call uses p.tokens_per_warp <= NG_MLA_TPW of them (the host's choice: 1 for small calls, whose
+// time is latency, more for large ones, whose time is bytes in flight). A warp loads all its
+// tokens' slots, then all their values, before it computes and stores any.
+#ifndef NG_MLA_TPW
+#error "NG_MLA_TPW is set by the module's spec (-DNG_MLA_TPW)"
+#endif
+
+// The warp's first token; every lane of the warp gets the same.
+__device__ __forceinline__ u32 mla_first_token(const MlaWriteParams& p) {
+    return (blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5)) * (u32)p.tokens_per_warp;
+}
+
+// The cache entry of ``token`` (slot ``slot``), or null for a token past the call, a padding
+// slot or one past the cache (reported). Every lane of the warp gets the same answer.
+__device__ __forceinline__ u8* mla_entry(const MlaWriteParams& p, u32 token, i64 slot, int lane) {
+    if (slot < 0) return 0;  // also a token past the call or the warp's share (mla_entries)
     if (slot >= p.num_slots) {
         if (lane == 0) ng_report(p.error, NG_ERR_SLOT, token, slot, p.num_slots);
         return 0;
@@ -79,6 +106,18 @@ __device__ __forceinline__ u8* mla_entry(const MlaWriteParams& p, u32 token, int
     const int bs = p.block_size;
     const i64 blk = (bs & (bs - 1)) == 0 ? slot >> (__ffs(bs) - 1) : slot / bs;  // production: 64
     return p.kv_cache + blk * p.block_stride + (slot - blk * bs) * p.entry_stride;
+}
+
+// The warp's tokens' entries (null: nothing to write), their slots loaded together.
+__device__ __forceinline__ void mla_entries(const MlaWriteParams& p, int lane, u8** rec) {
+    const u32 first = mla_first_token(p);
+    i64 slot[NG_MLA_TPW];
+#pragma unroll
+    for (int j = 0; j < NG_MLA_TPW; ++j) {
+        slot[j] = j < p.tokens_per_warp && first + j < (u32)p.num_tokens ? __ldg(p.slot_mapping + first + j) : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < NG_MLA_TPW; ++j) rec[j] = mla_entry(p, first + j, slot[j], lane);
 }
 
 // Max of each 16-bit half of two words.
@@ -127,85 +166,94 @@ __device__ __forceinline__ void mla_load8(const u8* p, u32* w, bool vec16) {
     }
 }
 
+// One token's loads for one lane: values [8l, 8l + 8) (half A: tile l / 16) and
+// [256 + 8l, 256 + 8l + 8) (half B: tile 2 + l / 16), so that each load and store instruction of
+// the warp covers one contiguous run; lanes 0-7 also 8 k_pe values.
+template <typename T, int VEC>
+struct MlaDsToken {
+    u32 a[4], b[4], pe[4];
+
+    __device__ __forceinline__ void load(const MlaWriteParams& p, u32 token, int lane) {
+        const u8* src = p.kv_c + (i64)token * p.kv_c_row_stride + lane * 16;
+        mla_load8<T>(src, a, VEC == 16);
+        mla_load8<T>(src + 512, b, VEC == 16);
+        if (p.pe_dim != 0 && lane < 8) mla_load8<T>(p.k_pe + (i64)token * p.k_pe_row_stride + lane * 16, pe, VEC == 16);
+    }
+
+    __device__ __forceinline__ void store(const MlaWriteParams& p, u8* rec, int lane) {
+        // Both tiles' amax keys in one word (A high, B low), reduced over the tile's 16 lanes.
+        u32 key = (mla_key8<T>(a) << 16) | mla_key8<T>(b);
+        key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 8));
+        key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 4));
+        key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 2));
+        key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 1));
+        const bool pow2 = (p.flags & NG_MLA_POW2_SCALES) != 0;
+        float scale_a, inv_a, scale_b, inv_b;
+        mla_tile_scale(__float_as_uint(mla_to_float<T>(key >> 16)), pow2, scale_a, inv_a);
+        mla_tile_scale(__float_as_uint(mla_to_float<T>(key & 0xffffu)), pow2, scale_b, inv_b);
+        u32 codes_a[2], codes_b[2];
+        mla_codes8<T>(a, scale_a, inv_a, pow2, codes_a);
+        mla_codes8<T>(b, scale_b, inv_b, pow2, codes_b);
+        // Lane 0 holds the scales of tiles 0 and 2, lane 16 those of tiles 1 and 3.
+        const u32 s0 = __float_as_uint(scale_a), s2 = __float_as_uint(scale_b);
+        const u32 s1 = __shfl_xor_sync(0xffffffffu, s0, 16), s3 = __shfl_xor_sync(0xffffffffu, s2, 16);
+        const bool has_pe = p.pe_dim != 0 && lane < 8;
+        if (has_pe && T::NAN_KEY == MlaF16::NAN_KEY) {  // fp16 k_pe: rounded to the record's bf16
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                pe[i] = ng_bf16x2_from_float(ng_half_to_float((unsigned short)(pe[i] & 0xffffu)),
+                                             ng_half_to_float((unsigned short)(pe[i] >> 16)));
+            }
+        }
+        u8* pe_dst = rec + 528 + lane * 16;
+        if (VEC == 16) {
+            *reinterpret_cast<uint2*>(rec + lane * 8) = make_uint2(codes_a[0], codes_a[1]);
+            *reinterpret_cast<uint2*>(rec + 256 + lane * 8) = make_uint2(codes_b[0], codes_b[1]);
+            if (lane == 0) {
+                uint4 s;
+                s.x = s0; s.y = s1; s.z = s2; s.w = s3;
+                *reinterpret_cast<uint4*>(rec + 512) = s;
+            }
+            if (has_pe) {
+                uint4 e;
+                e.x = pe[0]; e.y = pe[1]; e.z = pe[2]; e.w = pe[3];
+                *reinterpret_cast<uint4*>(pe_dst) = e;
+            }
+        } else {  // the entry is 4-byte aligned (checked by the host)
+            u32* ca = reinterpret_cast<u32*>(rec + lane * 8);
+            u32* cb = reinterpret_cast<u32*>(rec + 256 + lane * 8);
+            ca[0] = codes_a[0]; ca[1] = codes_a[1]; cb[0] = codes_b[0]; cb[1] = codes_b[1];
+            if (lane == 0) {
+                u32* sc = reinterpret_cast<u32*>(rec + 512);
+                sc[0] = s0; sc[1] = s1; sc[2] = s2; sc[3] = s3;
+            }
+            if (has_pe) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) reinterpret_cast<u32*>(pe_dst)[i] = pe[i];
+            }
+        }
+    }
+};
+
 template <typename T, int VEC>
 __device__ __forceinline__ void mla_ds_body(const MlaWriteParams& p) {
     const int lane = threadIdx.x & 31;
-    const u32 token = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
-    if (token >= (u32)p.num_tokens) return;  // the whole warp
-    u8* rec = mla_entry(p, token, lane);
-    if (rec == 0) return;  // the whole warp
-
-    // Every load first. Lane l owns values [8l, 8l + 8) (half A: tile l / 16) and
-    // [256 + 8l, 256 + 8l + 8) (half B: tile 2 + l / 16), so that each load and store
-    // instruction of the warp covers one contiguous run; lanes 0-7 also 8 k_pe values.
-    const u8* src = p.kv_c + (i64)token * p.kv_c_row_stride + lane * 16;
-    const bool has_pe = p.pe_dim != 0 && lane < 8;
-    const u8* pe_src = p.k_pe + (i64)token * p.k_pe_row_stride + lane * 16;
-    u32 a[4], b[4], pe[4];
-    mla_load8<T>(src, a, VEC == 16);
-    mla_load8<T>(src + 512, b, VEC == 16);
-    if (has_pe) mla_load8<T>(pe_src, pe, VEC == 16);
-
-    // Both tiles' amax keys in one word (A high, B low), reduced over the 16 lanes of the tile.
-    u32 key = (mla_key8<T>(a) << 16) | mla_key8<T>(b);
-    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 8));
-    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 4));
-    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 2));
-    key = mla_max2(key, __shfl_xor_sync(0xffffffffu, key, 1));
-    const bool pow2 = (p.flags & NG_MLA_POW2_SCALES) != 0;
-    const float scale_a = mla_tile_scale(mla_to_float<T>(key >> 16), pow2);
-    const float scale_b = mla_tile_scale(mla_to_float<T>(key & 0xffffu), pow2);
-
-    u32 codes_a[2], codes_b[2];
-    mla_codes8<T>(a, scale_a, __fdiv_rn(1.0f, scale_a), pow2, codes_a);  // the inverse is exact for 2^k
-    mla_codes8<T>(b, scale_b, __fdiv_rn(1.0f, scale_b), pow2, codes_b);
-    // Lane 0 holds the scales of tiles 0 and 2, lane 16 those of tiles 1 and 3.
-    const u32 s0 = __float_as_uint(scale_a), s2 = __float_as_uint(scale_b);
-    const u32 s1 = __shfl_xor_sync(0xffffffffu, s0, 16), s3 = __shfl_xor_sync(0xffffffffu, s2, 16);
-    if (has_pe && T::NAN_KEY == MlaF16::NAN_KEY) {  // fp16 k_pe: rounded to the record's bf16
+    u8* rec[NG_MLA_TPW];
+    mla_entries(p, lane, rec);
+    const u32 first = mla_first_token(p);
+    MlaDsToken<T, VEC> tok[NG_MLA_TPW];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            pe[i] = ng_bf16x2_from_float(ng_half_to_float((unsigned short)(pe[i] & 0xffffu)),
-                                         ng_half_to_float((unsigned short)(pe[i] >> 16)));
-        }
+    for (int j = 0; j < NG_MLA_TPW; ++j) {  // every token's loads before any store
+        if (rec[j] != 0) tok[j].load(p, first + j, lane);
     }
-
-    u8* pe_dst = rec + 528 + lane * 16;
-    if (VEC == 16) {
-        *reinterpret_cast<uint2*>(rec + lane * 8) = make_uint2(codes_a[0], codes_a[1]);
-        *reinterpret_cast<uint2*>(rec + 256 + lane * 8) = make_uint2(codes_b[0], codes_b[1]);
-        if (lane == 0) {
-            uint4 s;
-            s.x = s0; s.y = s1; s.z = s2; s.w = s3;
-            *reinterpret_cast<uint4*>(rec + 512) = s;
-        }
-        if (has_pe) {
-            uint4 e;
-            e.x = pe[0]; e.y = pe[1]; e.z = pe[2]; e.w = pe[3];
-            *reinterpret_cast<uint4*>(pe_dst) = e;
-        }
-    } else {  // the entry is 4-byte aligned (checked by the host)
-        u32* ca = reinterpret_cast<u32*>(rec + lane * 8);
-        u32* cb = reinterpret_cast<u32*>(rec + 256 + lane * 8);
-        ca[0] = codes_a[0]; ca[1] = codes_a[1]; cb[0] = codes_b[0]; cb[1] = codes_b[1];
-        if (lane == 0) {
-            u32* s = reinterpret_cast<u32*>(rec + 512);
-            s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3;
-        }
-        if (has_pe) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) reinterpret_cast<u32*>(pe_dst)[i] = pe[i];
-        }
+    for (int j = 0; j < NG_MLA_TPW; ++j) {
+        if (rec[j] != 0) tok[j].store(p, rec[j], lane);  // warp-uniform: the shuffles see every lane
     }
 }
 
 template <typename T, bool FP8>
-__device__ __forceinline__ void mla_plain_body(const MlaWriteParams& p) {
-    const int lane = threadIdx.x & 31;
-    const u32 token = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
-    if (token >= (u32)p.num_tokens) return;  // the whole warp
-    u8* rec = mla_entry(p, token, lane);
-    if (rec == 0) return;
+__device__ __forceinline__ void mla_plain_token(const MlaWriteParams& p, u32 token, u8* rec, int lane) {
     const u8* c = p.kv_c + (i64)token * p.kv_c_row_stride;
     const u8* e = p.k_pe + (i64)token * p.k_pe_row_stride - (i64)p.kv_lora_rank * T::SIZE;
     const float scale = FP8 && !(p.flags & NG_MLA_SKIP_SCALE) ? __ldg(p.scale) : 1.0f;
@@ -220,6 +268,18 @@ __device__ __forceinline__ void mla_plain_body(const MlaWriteParams& p) {
         } else {
             reinterpret_cast<u32*>(rec)[i] = x;
         }
+    }
+}
+
+template <typename T, bool FP8>
+__device__ __forceinline__ void mla_plain_body(const MlaWriteParams& p) {
+    const int lane = threadIdx.x & 31;
+    u8* rec[NG_MLA_TPW];
+    mla_entries(p, lane, rec);
+    const u32 first = mla_first_token(p);
+#pragma unroll
+    for (int j = 0; j < NG_MLA_TPW; ++j) {
+        if (rec[j] != 0) mla_plain_token<T, FP8>(p, first + j, rec[j], lane);
     }
 }
 

@@ -37,6 +37,7 @@
 #include "quant_params.cuh"
 #include "fp8_e4m3.cuh"
 #include "half_bits.cuh"
+#include "scale_math.cuh"
 
 // Tokens per lane of the vector kernels (a block covers NG_QUNROLL * tokens_per_pass tokens):
 // -DNG_QUNROLL from the spec, nvrtc_gather/kernels/indexer_k_quant.py (UNROLL).
@@ -45,10 +46,8 @@
 #endif
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
-__device__ __forceinline__ float ng_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ u32 ng_vmaxu2(u32 a, u32 b) { return __vmaxu2(a, b); }
 #else  // the host emulator (tests/cuda_host_emu.cpp)
-static inline float ng_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 static inline u32 ng_vmaxu2(u32 a, u32 b) {
     return max(a & 0xffff0000u, b & 0xffff0000u) | max(a & 0xffffu, b & 0xffffu);
 }
@@ -115,15 +114,6 @@ template <> struct Load<F32> {
 __device__ __forceinline__ void ng_words(const uint4& v, u32* w) { w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w; }
 __device__ __forceinline__ void ng_words(const uint2& v, u32* w) { w[0] = v.x; w[1] = v.y; }
 
-// a / 448 correctly rounded for every float a >= 7.6e-37 (checked against the IEEE
-// division for all of them; amax is clamped to >= 1e-4 before): a * RN(1/448) and one
-// Newton step through the exact fma residual. Three fp32 instructions instead of a
-// division's reciprocal, five fmas and range check.
-__device__ __forceinline__ float ng_div448(float a) {
-    const float y = __uint_as_float(0x3b124925u);  // RN(1 / 448)
-    const float q = __fmul_rn(a, y);
-    return ng_fma(ng_fma(-448.0f, q, a), y, q);
-}
 
 // A quant block's scale from its amax bits, and for UE8M0 the factor that takes values to
 // the fp8 range: inv = 2^-e for a finite scale 2^e (exact: e lies in [-22, 120]), 0 for an
@@ -138,9 +128,9 @@ __device__ __forceinline__ void ng_block_scale(u32 amax_bits, float& scale, floa
     if (UE8M0) {
         // The smallest power of two >= a / 448 (rounded), from a's bits alone: 2^(E-8) while
         // a's significand is <= 1.75, else 2^(E-7) (checked for every a in [1e-4, FLT_MAX]).
-        const u32 r = ((a + 0x1fffffu) & 0xff800000u) - 0x04000000u;
+        const u32 r = ng_pow2_above_div448(a);
         scale = __uint_as_float(nan ? 0x7fffffffu : inf ? a : r);
-        inv = __uint_as_float(nan ? 0x7fffffffu : inf ? 0u : 0x7f000000u - r);
+        inv = __uint_as_float(nan ? 0x7fffffffu : inf ? 0u : ng_pow2_inverse(r));
     } else {
         scale = inf ? __uint_as_float(a) : ng_div448(__uint_as_float(a));  // NaN: the GPU's NaN
         inv = 0.f;
