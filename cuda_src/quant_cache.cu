@@ -20,7 +20,8 @@
 //   words per VIMNMX3 on sm_90), two passes' amaxes sharing each shuffle;
 // - ue8m0: the scale from amax's bits without a division, and every value multiplied by its
 //   inverse (even for inf / NaN scales, see ng_block_scale); plain scales: amax / 448 in three
-//   fp32 instructions (ng_div448), the values still a true division each;
+//   fp32 instructions (ng_div448), each value's quotient a multiply and two fmas (ng_div_plain)
+//   instead of a division (the generic kernel keeps the division);
 // - two vectors per lane (NV = 2): half the per-lane work that does not grow with the
 //   elements (slot split, addresses, scale, shuffles) per element, 16-byte stores;
 // - the uniform choices (ue8m0, power-of-two block size) taken once, outside the passes.
@@ -133,8 +134,21 @@ __device__ __forceinline__ void ng_block_scale(u32 amax_bits, float& scale, floa
         inv = __uint_as_float(nan ? 0x7fffffffu : inf ? 0u : ng_pow2_inverse(r));
     } else {
         scale = inf ? __uint_as_float(a) : ng_div448(__uint_as_float(a));  // NaN: the GPU's NaN
-        inv = 0.f;
+        inv = __frcp_rn(scale);  // RN(1 / scale): 0 for an inf scale, NaN for a NaN one
     }
+}
+
+// x / scale for plain scales, given inv = RN(1 / scale) and rscale = scale (0 for an inf scale),
+// without a division: q = x * inv is within an ulp of the quotient, and one Newton step through
+// the exact fma residual rounds it correctly (Markstein) wherever the fp8 code can depend on it
+// (quotients down to 2^-126; below, every candidate converts to the same signed zero). The
+// residual 0 keeps q itself (an exact quotient, -0 included). An inf scale (rscale 0) leaves
+// q = x * 0, as x / inf; a NaN one gives NaN. Checked code for code against the IEEE quotient
+// for every bf16 and fp16 x of every block a bf16 or fp16 amax allows (benchmarks/NOTES.md v11).
+__device__ __forceinline__ float ng_div_plain(float x, float rscale, float inv) {
+    const float q = __fmul_rn(x, inv);
+    const float e = ng_fma(-q, rscale, x);
+    return e == 0.0f ? q : ng_fma(e, inv, q);
 }
 
 __device__ __forceinline__ void ng_block_scale(u32 amax_bits, int ue8m0, float& scale, float& inv) {
@@ -255,11 +269,12 @@ __device__ __forceinline__ void ng_write_passes(const QuantParams& p, const Pass
         const i64 boff = blk * p.block_stride;
         float scale, inv;
         ng_block_scale<UE8M0>(amax[u], scale, inv);
+        const float rscale = inv == 0.0f ? 0.0f : scale;  // plain scales: ng_div_plain's residual scale
         float v[ELEMS];
 #pragma unroll
         for (int i = 0; i < NW; ++i) L::unpack(w[u][i], &v[i * L::PER_WORD]);
 #pragma unroll
-        for (int e = 0; e < ELEMS; ++e) v[e] = UE8M0 ? __fmul_rn(v[e], inv) : __fdiv_rn(v[e], scale);
+        for (int e = 0; e < ELEMS; ++e) v[e] = UE8M0 ? __fmul_rn(v[e], inv) : ng_div_plain(v[e], rscale, inv);
         ng_store_fp8<ELEMS>(o.vals + boff + off * p.head_dim, v, o.aligned);
         if (o.scale_lane) *reinterpret_cast<float*>(o.scales + boff + (i64)off * o.nq4) = scale;
     }

@@ -27,6 +27,15 @@ class Launch(NamedTuple):
     pack: object     # ParamStruct.packer(...)
 
 
+class LaunchConfig(NamedTuple):
+    """One launch of an op's validated GPU plan (each op's ``launch_config(plan)``); the tests
+    and the emulator launch it by hand."""
+
+    entry: str
+    grid: int
+    fields: dict   # the op's struct_fields(plan): every struct field but the error buffer, by name
+
+
 class LayoutMemo(dict):
     """Layouts by key; ``get`` is dict's own (the hot path). Bounded: cleared when full, so a
     process that sees ever new shapes does not grow without limit."""
@@ -58,6 +67,16 @@ def layout_key5(a, b, c, d, e) -> tuple:
     return (a.device, a.dtype, a.shape, a.stride(), b.device, b.dtype, b.shape, b.stride(),
             c.device, c.dtype, c.shape, c.stride(), d.device, d.dtype, d.shape, d.stride(),
             e.device, e.dtype, e.shape, e.stride())
+
+
+def overlapping(written: int, read: tuple, extents: tuple) -> bool:
+    """Whether the one written range, ``extents[0]`` bytes from ``written``, overlaps a read
+    one, ``extents[i + 1]`` bytes from ``read[i]`` (0: not read)."""
+    end = written + extents[0]
+    for ptr, n in zip(read, extents[1:]):
+        if n and ptr < end and written < ptr + n:
+            return True
+    return False
 
 
 def widths_by_alignment(width_of) -> tuple:

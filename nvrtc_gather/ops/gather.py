@@ -15,7 +15,7 @@ from torch import Tensor
 from ..jit import driver
 from ..kernels import gather as spec
 from . import checks, fake_checks, fast_path, library, paged_layout
-from .fast_path import Launch, LayoutMemo, layout_key5
+from .fast_path import Launch, LaunchConfig, LayoutMemo, layout_key5
 from .gather_torch import gather_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -243,14 +243,6 @@ def struct_fields(p: GatherPlan) -> dict:
                 num_tokens=p.num_tokens, batch=p.batch, max_blocks=p.max_blocks, num_blocks=p.num_blocks,
                 block_size=p.block_size, head_dim=p.head_dim, scale_words=p.scale_words,
                 tokens_per_cta=p.tokens_per_cta)
-
-
-class LaunchConfig(NamedTuple):
-    """One launch of a GPU plan (tests and the emulator launch it by hand)."""
-
-    entry: str
-    grid: int
-    fields: dict   # struct_fields(plan)
 
 
 def launch_config(p: GatherPlan) -> LaunchConfig:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import paged_layout
+from . import index_checks, paged_layout
 
 
 def gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
@@ -30,17 +30,10 @@ def gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> 
     pos = torch.arange(total, device=dev) - cu[req]
     col = pos // plan.block_size
     tok = pos % plan.block_size
-    too_far = col >= plan.max_blocks
-    if bool(too_far.any()):
-        i = int(torch.nonzero(too_far)[0])
-        raise ValueError(f"block_table: request {int(req[i])} has {int(lens[req[i]])} tokens, more than its "
-                         f"{plan.max_blocks} columns of {plan.block_size}-token blocks hold")
-    blk = block_table[req, col].to(torch.int64)
-    bad = (blk < 0) | (blk >= plan.num_blocks)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        raise ValueError(f"block_table: entry [{int(req[i])}, {int(col[i])}] = {int(blk[i])} is outside "
-                         f"[0, num_blocks={plan.num_blocks})")
+    blk = index_checks.physical_blocks(
+        block_table, req, col, plan.max_blocks, plan.num_blocks,
+        lambda i: f"block_table: request {int(req[i])} has {int(lens[req[i]])} tokens, more than its "
+                  f"{plan.max_blocks} columns of {plan.block_size}-token blocks hold")
 
     k_src, s_src = paged_layout.views(kv_cache, plan.num_blocks, plan.block_size, plan.block_stride,
                                       plan.head_dim, plan.scale_words)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..kernels import indexer_k_quant as spec
 from . import checks, fake_checks, fast_path, library, paged_layout
-from .fast_path import Launch, LayoutMemo, layout_key3
+from .fast_path import Launch, LaunchConfig, LayoutMemo, layout_key3
 from .indexer_k_quant_torch import quant_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -184,14 +184,6 @@ def struct_fields(p: QuantPlan) -> dict:
                 block_stride=p.block_stride, num_slots=p.num_slots, num_tokens=p.num_tokens,
                 block_size=p.block_size, head_dim=p.head_dim, quant_block_size=p.quant_block_size,
                 tokens_per_pass=p.tokens_per_pass, ue8m0=int(p.ue8m0))
-
-
-class LaunchConfig(NamedTuple):
-    """One launch of a GPU plan (tests and the emulator launch it by hand)."""
-
-    entry: str
-    grid: int
-    fields: dict   # struct_fields(plan)
 
 
 def launch_config(p: QuantPlan) -> LaunchConfig:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import paged_layout
+from . import index_checks, paged_layout
 
 _EXP = 0x7F800000     # fp32 exponent bits
 _MANT = 0x7FFFFF      # fp32 mantissa bits
@@ -34,11 +34,7 @@ def quant_torch(plan, k, kv_cache, slot_mapping) -> None:
     if n == 0:
         return
     slots = slot_mapping
-    bad = slots >= plan.num_slots
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        raise ValueError(f"slot_mapping: entry {i} = {int(slots[i])} is past the cache's last slot "
-                         f"({plan.num_slots} slots = num_blocks * block_size)")
+    index_checks.slots_in_cache(slots, plan.num_slots)
     rows = torch.nonzero(slots >= 0).squeeze(1)  # padding (negative slots) is skipped
     if rows.numel() == 0:
         return

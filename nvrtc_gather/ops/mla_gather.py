@@ -14,7 +14,7 @@ import torch
 from ..jit import driver
 from ..kernels import mla_cache as spec
 from . import checks, fake_checks, fast_path, library
-from .fast_path import Launch, LayoutMemo
+from .fast_path import Launch, LaunchConfig, LayoutMemo
 from .mla_gather_torch import gather_torch
 
 _CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
@@ -96,7 +96,7 @@ def plan_gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_s
         checks.aligned(name, what, value)
     if num_rows and batch:  # something is written: no written byte may be one the op reads
         extents = _extents(plan)
-        if _overlapping(plan.dst_ptr, _read_pointers(plan), extents):
+        if fast_path.overlapping(plan.dst_ptr, _read_pointers(plan), extents):
             _raise_overlap(plan, extents)
     vec = spec.vector_width(_low_bits(plan) | plan.src_ptr | plan.dst_ptr)
     if plan.device < 0:
@@ -158,15 +158,6 @@ def _read_pointers(p: MlaGatherPlan) -> tuple[int, int, int, int]:
     return p.src_ptr, p.bt_ptr, p.ws_ptr, p.seq_ptr
 
 
-def _overlapping(dst_p: int, read: tuple, extents: tuple) -> bool:
-    """Whether dst's range overlaps a read one (src_cache, block_table, workspace_starts, seq_starts)."""
-    dst_e = dst_p + extents[0]
-    for ptr, n in zip(read, extents[1:]):
-        if n and ptr < dst_e and dst_p < ptr + n:
-            return True
-    return False
-
-
 def _raise_overlap(p: MlaGatherPlan, extents) -> None:
     names = ("src_cache", "block_table", "workspace_starts", "seq_starts")
     checks.disjoint({"dst": (p.dst_ptr, p.dst_ptr + extents[0])},
@@ -192,14 +183,6 @@ def struct_fields(p: MlaGatherPlan) -> dict:
                 dst_row_stride=p.dst_row_stride, bt_row_stride=p.bt_row_stride, num_rows=p.num_rows, batch=p.batch,
                 max_blocks=p.max_blocks, num_blocks=p.num_blocks, block_size=p.block_size,
                 rows_per_cta=p.rows_per_cta)
-
-
-class LaunchConfig(NamedTuple):
-    """One launch of a GPU plan (tests and the emulator launch it by hand)."""
-
-    entry: str
-    grid: int
-    fields: dict   # struct_fields(plan)
 
 
 def launch_config(p: MlaGatherPlan) -> LaunchConfig:
@@ -269,7 +252,7 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
     if layout is not None:  # the fast path: only the pointer checks
         src_p, dst_p, bt_p, ws_p = src_cache.data_ptr(), dst.data_ptr(), block_table.data_ptr(), workspace_starts.data_ptr()
         seq_p = seq_starts.data_ptr() if seq_starts is not None else 0
-        if not (src_p | dst_p) & 3 and not _overlapping(dst_p, (src_p, bt_p, ws_p, seq_p), layout.extents):
+        if not (src_p | dst_p) & 3 and not fast_path.overlapping(dst_p, (src_p, bt_p, ws_p, seq_p), layout.extents):
             _run(layout, src_p, dst_p, bt_p, ws_p, seq_p)
             return
     plan = plan_gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)

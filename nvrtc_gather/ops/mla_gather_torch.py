@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import mla_cache as spec
+from . import index_checks
 from .mla_write_torch import bf16_bits
 
 
@@ -51,16 +52,9 @@ def gather_torch(plan, src_cache, dst, block_table, workspace_starts, seq_starts
     rows = torch.arange(n, device=dev) - (torch.cumsum(lens, 0) - lens)[req] + begin[req]
     pos = first[req] + (rows - ws[req])
     col = pos // plan.block_size
-    too_far = col >= plan.max_blocks
-    if bool(too_far.any()):
-        i = int(torch.nonzero(too_far)[0])
-        raise ValueError(f"block_table: request {int(req[i])} needs token {int(pos[i])}, past its {plan.max_blocks} "
-                         f"columns of {plan.block_size}-token blocks")
-    blk = block_table[req, col].to(torch.int64)
-    bad = (blk < 0) | (blk >= plan.num_blocks)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        raise ValueError(f"block_table: entry [{int(req[i])}, {int(col[i])}] = {int(blk[i])} is outside "
-                         f"[0, num_blocks={plan.num_blocks})")
+    blk = index_checks.physical_blocks(
+        block_table, req, col, plan.max_blocks, plan.num_blocks,
+        lambda i: f"block_table: request {int(req[i])} needs token {int(pos[i])}, past its {plan.max_blocks} "
+                  f"columns of {plan.block_size}-token blocks")
     records = src_cache.view(torch.uint8)[blk, pos % plan.block_size]
     dst.view(torch.int16)[rows] = upconvert(records)

@@ -12,7 +12,7 @@ import torch
 
 from ..kernels import mla_cache as spec
 from . import checks, fake_checks, fast_path, library
-from .fast_path import Launch, LayoutMemo
+from .fast_path import Launch, LaunchConfig, LayoutMemo
 from .mla_write_torch import write_torch
 
 _FP8 = torch.float8_e4m3fn
@@ -101,7 +101,7 @@ def plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_s
             checks.aligned("kv_cache", what, value)
     if num_tokens:
         extents = _extents(plan)
-        if _overlapping(plan.kv_ptr, _read_pointers(plan), extents):
+        if fast_path.overlapping(plan.kv_ptr, _read_pointers(plan), extents):
             _raise_overlap(plan, extents)
     return plan._replace(vec=spec.vector_width(_low_bits(plan) | plan.kv_c_ptr | plan.k_pe_ptr | plan.kv_ptr)
                          if fmt == "ds" else 0)
@@ -210,15 +210,6 @@ def _read_pointers(p: WritePlan) -> tuple[int, int, int, int]:
     return p.kv_c_ptr, p.k_pe_ptr, p.slot_ptr, p.scale_ptr
 
 
-def _overlapping(kv_p: int, read: tuple, extents: tuple) -> bool:
-    """Whether kv_cache's range overlaps a read one (kv_c, k_pe, slot_mapping, scale)."""
-    kv_e = kv_p + extents[0]
-    for ptr, n in zip(read, extents[1:]):
-        if n and ptr < kv_e and kv_p < ptr + n:
-            return True
-    return False
-
-
 def _raise_overlap(p: WritePlan, extents) -> None:
     names = ("kv_c", "k_pe", "slot_mapping", "scale")
     checks.disjoint({"kv_cache": (p.kv_ptr, p.kv_ptr + extents[0])},
@@ -245,14 +236,6 @@ def struct_fields(p: WritePlan) -> dict:
                 entry_stride=p.entry_stride, num_slots=p.num_slots, num_tokens=p.num_tokens,
                 block_size=p.block_size, kv_lora_rank=p.kv_lora_rank, pe_dim=p.pe_dim, flags=p.flags,
                 tokens_per_warp=spec.tokens_per_warp(p.num_tokens))
-
-
-class LaunchConfig(NamedTuple):
-    """One launch of a GPU plan (tests and the emulator launch it by hand)."""
-
-    entry: str
-    grid: int
-    fields: dict   # struct_fields(plan)
 
 
 def _module(p: WritePlan):
@@ -329,7 +312,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
         kv_c_p, k_pe_p, sm_p, kv_p = kv_c.data_ptr(), k_pe.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
         sc_p = scale.data_ptr() if layout.extents[4] else 0
         aligned = layout.fmt != "ds" or not kv_p & 3
-        if aligned and not _overlapping(kv_p, (kv_c_p, k_pe_p, sm_p, sc_p), layout.extents):
+        if aligned and not fast_path.overlapping(kv_p, (kv_c_p, k_pe_p, sm_p, sc_p), layout.extents):
             _run(layout, kv_c_p, k_pe_p, sm_p, sc_p, kv_p)
             return
     plan = plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale, ds_scale_rule)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import mla_cache as spec
+from . import index_checks
 
 _FLT_MIN = 1.17549435e-38
 _FP8_NAN = 0x7F      # the GPU's NaN code (its arithmetic makes only positive NaNs)
@@ -65,11 +66,7 @@ def write_torch(plan, kv_c, k_pe, kv_cache, slot_mapping, scale) -> None:
     if n == 0:
         return
     slots = slot_mapping
-    bad = slots >= plan.num_slots
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        raise ValueError(f"slot_mapping: entry {i} = {int(slots[i])} is past the cache's last slot "
-                         f"({plan.num_slots} slots = num_blocks * block_size)")
+    index_checks.slots_in_cache(slots, plan.num_slots)
     rows = torch.nonzero(slots[:n] >= 0).squeeze(1)  # padding (negative slots) is skipped
     if rows.numel() == 0:
         return

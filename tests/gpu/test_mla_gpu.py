@@ -377,11 +377,11 @@ def _lens_summing_to(rng, batch, total):
     return lens[:batch // 3] + [0, 0] + lens[batch // 3:]  # two empty requests too
 
 
-@pytest.mark.parametrize("target", [8, 64])
+@pytest.mark.parametrize("target", [spec.MIN_ROWS_PER_CTA, spec.MAX_ROWS_PER_CTA])
 def test_gather_rows_per_cta_policy(target):
-    """Sizes whose policy choice is 8 rows per block (small calls) and 64 (large ones)."""
+    """Sizes whose policy choice is the fewest rows per block (small calls) and the most (large ones)."""
     sm = driver.sm_count(0)
-    total = 10 * sm if target == 8 else 200 * sm
+    total = 10 * sm if target == spec.MIN_ROWS_PER_CTA else 200 * sm
     rng = random.Random(target)
     case = make_gather_case(rng, lens=_lens_summing_to(rng, 37, total), block_size=64, seq_starts=True)
     assert spec.rows_per_cta(total, sm) == target
