@@ -256,10 +256,11 @@ REAL_PRELOAD = """
 def test_worker_hook_really_loads_the_kernels_on_that_gpu_only(tmp_path):
     got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "cache"))
     d = got["last"]
-    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (6 modules")
+    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (9 modules")
     assert got["loaded"] == sorted(f"{m}@{d}" for m in ("gather_indexer_k_v16", "gather_indexer_k_v8",
                                                         "gather_indexer_k_v4", "quant_cache_bf16_v16",
-                                                        "quant_cache_bf16_v8", "quant_cache_bf16_any"))
+                                                        "quant_cache_bf16_v8", "quant_cache_bf16_any",
+                                                        "mla_ds_bf16", "mla_plain_bf16", "mla_gather"))
 
 
 @pytest.mark.gpu
