@@ -267,22 +267,11 @@ def host_cost(calls: int = 10000) -> dict:
     vllm_adapter.register()
     vllm_ops = torch.ops._C_cache_ops
 
-    def per_call(fn, *fargs, burst=250):
-        """Median µs of single calls, in bursts with a sync between them (untimed), so the
-        GPU's launch queue never fills: a full queue would make the host wait for the GPU
-        and measure kernel time instead of host cost."""
-        for _ in range(200):
-            fn(*fargs)
-        torch.cuda.synchronize()
-        t = []
-        clock = time.perf_counter_ns
-        while len(t) < calls:
-            for _ in range(burst):
-                t0 = clock()
-                fn(*fargs)
-                t.append(clock() - t0)
-            torch.cuda.synchronize()
-        return statistics.median(t) / 1000.0
+    # Median µs of single calls, in bursts with a sync between them (untimed), so the GPU's
+    # launch queue never fills: a full queue would make the host wait for the GPU and measure
+    # kernel time instead of host cost.
+    from bench_mla import make_per_call
+    per_call = make_per_call(calls)
 
     dev = torch.cuda.current_device()
     plan = gather.plan_gather(*args)
