@@ -1,6 +1,6 @@
 // cp_gather_and_upconvert_fp8_kv_cache: each request's tokens from the paged fp8_ds_mla cache
 // (656-byte records, mla_write.cu) into contiguous bf16 rows of 576 values (contract:
-// docs/contract.md section 4).
+// docs/contract.md section 5).
 //
 // Request r (r < batch) owns dst rows [workspace_starts[r], next), next being
 // workspace_starts[r + 1] or, for the last request, num_rows; row t of it holds the request's

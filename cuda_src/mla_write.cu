@@ -1,5 +1,5 @@
 // concat_and_cache_mla: write each token's kv_c (kv_lora_rank values) and k_pe (pe_dim values)
-// into the paged MLA cache at slot_mapping[i] (contract: docs/contract.md section 3).
+// into the paged MLA cache at slot_mapping[i] (contract: docs/contract.md section 4).
 //
 // fp8_ds_mla (mla_ds_<type>_v16 / _any): a 656-byte record per token: bytes 0-511 the 512
 // kv_c values as fp8 e4m3 in 4 tiles of 128, bytes 512-527 the 4 fp32 tile scales, bytes

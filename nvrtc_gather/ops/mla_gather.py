@@ -1,5 +1,5 @@
 """cp_gather_and_upconvert_fp8_kv_cache: the torch-facing MLA-cache gather (contract:
-docs/contract.md §4).
+docs/contract.md §5).
 
 Checks every argument (raising before anything is written), then runs the NVRTC kernel on CUDA
 tensors (one launch; spec and tile policy in nvrtc_gather/kernels/mla_cache.py) or the

@@ -1,4 +1,4 @@
-"""concat_and_cache_mla: the torch-facing MLA-cache write op (contract: docs/contract.md §3).
+"""concat_and_cache_mla: the torch-facing MLA-cache write op (contract: docs/contract.md §4).
 
 Checks every argument (raising before anything is written), then runs the NVRTC kernel on CUDA
 tensors (one launch; spec and policy in nvrtc_gather/kernels/mla_cache.py) or the vectorized
@@ -136,7 +136,8 @@ def _check_types(kv_c, k_pe, kv_cache, slot_mapping, scale, fmt) -> None:
         raise TypeError(f"k_pe: expected dtype {kv_c.dtype} like kv_c, got {k_pe.dtype}")
     if fmt == "copy":
         if kv_cache.dtype != kv_c.dtype:
-            raise TypeError(f"kv_cache: the {fmt!r} formats store kv_c's dtype {kv_c.dtype}, got {kv_cache.dtype}")
+            raise TypeError(f"kv_cache: the \"auto\" / \"bfloat16\" / \"float16\" formats store kv_c's dtype "
+                            f"{kv_c.dtype}, got {kv_cache.dtype}")
     else:
         checks.dtype_in("kv_cache", kv_cache, _BYTE_CACHES)
     checks.dtype_in("slot_mapping", slot_mapping, (torch.int64,))
