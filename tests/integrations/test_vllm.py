@@ -296,3 +296,42 @@ def test_mla_ops_of_an_older_vllm_the_write_served_the_seq_lens_gather_left_to_v
     assert got["ours"] == {"concat_and_cache_mla": True, "cp_gather_and_upconvert_fp8_kv_cache": False}, got
     assert "seq_lens" in got["left"]["cp_gather_and_upconvert_fp8_kv_cache"], got
     assert got["write ours"] and got["e5m2 to vllm"], got
+
+
+GPU_MLA_OVERRIDE = MLA_STUB.replace("SCHEMA_SET", "0.33").replace("EXTRA_WRITE", "[False]").replace(
+    "    print(json.dumps(out))\n", "") + """
+    # The same routing on CUDA tensors, through torch's dispatcher as vLLM's wrappers call it.
+    gen = torch.Generator().manual_seed(5)
+    kv_c = (torch.randn(300, 512, generator=gen) * 20).bfloat16()
+    k_pe = torch.randn(300, 64, generator=gen).bfloat16()
+    slots = torch.randperm(16 * 64, generator=gen)[:300]
+    slots[7] = -1
+    cache = torch.full((16, 64, 656), 0xA5, dtype=torch.uint8)
+    want = cache.clone()
+    ng.concat_and_cache_mla(kv_c, k_pe, want, slots, "fp8_ds_mla", torch.ones(1))  # CPU path
+    got = cache.cuda()
+    n = len(calls)
+    torch.ops._C_cache_ops.concat_and_cache_mla(kv_c.cuda(), k_pe.cuda(), got, slots.cuda(), "fp8_ds_mla",
+                                                torch.ones(1, device="cuda"), False)
+    res = {"cuda write": torch.equal(got.cpu(), want) and len(calls) == n}
+    bt = torch.randperm(16, generator=gen).to(torch.int32).view(4, 4)
+    ws = torch.tensor([0, 100, 100, 180], dtype=torch.int32)
+    rows = torch.zeros(250, 576, dtype=torch.bfloat16)
+    ng.cp_gather_and_upconvert_fp8_kv_cache(want, rows, bt, ws, 4, None)  # CPU path
+    got_rows = torch.zeros(250, 576, dtype=torch.bfloat16, device="cuda")
+    torch.ops._C_cache_ops.cp_gather_and_upconvert_fp8_kv_cache(got.cuda(), got_rows, bt.cuda(), ws.cuda(), 4, None)
+    res["cuda gather"] = torch.equal(got_rows.cpu().view(torch.int16), rows.view(torch.int16)) and len(calls) == n
+    ids = torch.arange(16 * 64, dtype=torch.int32, device="cuda")
+    torch.ops._C_cache_ops.cp_gather_and_upconvert_fp8_kv_cache(got, got_rows, bt.cuda(), ws.cuda(), 4, None,
+                                                                got.view(-1, 656), ids, ids)
+    res["cuda host offload to vllm"] = calls[-1:] == [["cp_gather_and_upconvert_fp8_kv_cache", 9]]
+    torch.cuda.synchronize()
+    print(json.dumps(res))
+"""
+
+
+@pytest.mark.gpu
+def test_mla_override_runs_our_kernels_on_the_gpu_and_hands_host_offload_to_vllm():
+    """vLLM 0.33's MLA schemas on a stand-in library: torch.ops._C_cache_ops on CUDA tensors runs
+    our kernels, bit-exact with the CPU path, and the host-offload gather reaches vLLM's kernel."""
+    assert run(GPU_MLA_OVERRIDE) == {"cuda write": True, "cuda gather": True, "cuda host offload to vllm": True}
