@@ -252,7 +252,7 @@ def _register(names: list[str]) -> None:
 def plugin() -> None:
     """The ``vllm.general_plugins`` entry point. vLLM runs it in every process when
     ``VLLM_PLUGINS`` is unset or names ``nvrtc_gather`` (its own check, exact names, no spaces
-    stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default both) unless
+    stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all four) unless
     ``NVRTC_GATHER_VLLM`` is off, and hooks the worker's device setup to load their kernels
     on that GPU before serving. A bad value of either variable raises ValueError naming it."""
     off = None if activation.vllm_enabled() else f"{activation.ENABLE_ENV}=0"
