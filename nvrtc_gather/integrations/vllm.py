@@ -62,8 +62,7 @@ SCHEMAS = {
 }
 # The arguments our implementations take, in order: a loaded schema must name a prefix of them
 # (older vLLMs have fewer trailing arguments); anything else is left to vLLM.
-_ARGUMENTS = {name: [a.split()[-1].split("=")[0] for a in schema.split("(", 1)[1].rsplit(")", 2)[0].split(", ")]
-              for name, schema in SCHEMAS.items()}
+_ARGUMENTS = {name: [a.name for a in torch._C.parse_schema(schema).arguments] for name, schema in SCHEMAS.items()}
 
 _lock = threading.Lock()
 _libraries: dict[str, torch.library.Library] = {}  # op -> its FRAGMENT, kept alive: dropping it undoes the override

@@ -2,6 +2,8 @@
 and saying what was expected; none touches tensor data (no device sync)."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 INT32_MAX = 2**31 - 1
@@ -75,24 +77,26 @@ def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int
                     f"the op reads {r} while it writes {w}, so they must not share storage")
 
 
-def extent(t: torch.Tensor, rows: int | None = None) -> int:
-    """Bytes from ``t``'s data pointer to the end of its last element (its address span, gaps
-    of a strided view included); 0 when empty. ``rows``: only its first rows count."""
-    shape = list(t.shape)
-    if rows is not None and shape:
-        shape[0] = min(shape[0], rows)
-    if not shape:
-        return t.element_size()
-    if 0 in shape:
-        return 0
-    return (sum((n - 1) * s for n, s in zip(shape, t.stride())) + 1) * t.element_size()
 
-
-def plain_int(name: str, value) -> int:
-    """An int argument (a bool or a tensor is refused: torch would coerce either silently)."""
+def int_arg(name: str, value, tensors: bool = False) -> int:
+    """An int argument. A bool is refused (torch would coerce it silently); a tensor only with
+    ``tensors`` (an int tensor of one element counts, through __index__; reading a CUDA one
+    syncs); anything else without __index__ is a TypeError naming the argument."""
     if type(value) is int:
         return value
-    if isinstance(value, bool) or not hasattr(value, "__index__") or isinstance(value, torch.Tensor):
-        what = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+    is_tensor = isinstance(value, torch.Tensor)
+    what = f"a {value.dtype} tensor" if is_tensor else type(value).__name__
+    if isinstance(value, bool) or not hasattr(value, "__index__") or (is_tensor and not tensors):
         raise TypeError(f"{name}: expected an int, got {what}")
-    return value.__index__()
+    try:
+        return operator.index(value)
+    except TypeError:  # e.g. a float tensor: torch's own message would not name the argument
+        raise TypeError(f"{name}: expected an int, got {what}") from None
+
+
+def disjoint_from(written: str, written_ptr: int, read_names: tuple, read_ptrs: tuple, extents: tuple) -> None:
+    """``disjoint`` for one written range (``extents[0]`` bytes from ``written_ptr``) against
+    several read ones (``extents[i + 1]`` bytes from ``read_ptrs[i]``; 0: not read): the
+    message of a call fast_path.overlapping refused."""
+    disjoint({written: (written_ptr, written_ptr + extents[0])},
+             {n: (ptr, ptr + size) for n, ptr, size in zip(read_names, read_ptrs, extents[1:]) if size})

@@ -7,11 +7,9 @@ nvrtc_gather/kernels/indexer_k_quant.py) or the vectorized torch implementation
 (fast_path.py). Registered as torch.ops.nvrtc_gather.* at the bottom."""
 from __future__ import annotations
 
-import operator
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
 
 from ..kernels import indexer_k_quant as spec
 from . import checks, fake_checks, fast_path, library, paged_layout
@@ -63,7 +61,7 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
     checks one argument (or one relation between them) and raises TypeError or ValueError
     naming it."""
     _check_types(k, kv_cache, slot_mapping)
-    qbs = _quant_block_size(quant_block_size)
+    qbs = checks.int_arg("quant_block_size", quant_block_size, tensors=True)
     ue8m0 = _scale_fmt(scale_fmt)
     device = _device(k, kv_cache, slot_mapping)
     rows, head_dim = k.shape
@@ -113,18 +111,6 @@ def _check_types(k, kv_cache, slot_mapping) -> None:
     checks.rank("k", k, 2, "[num_tokens, head_dim]")
     checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
     checks.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
-
-
-def _quant_block_size(qbs) -> int:
-    if type(qbs) is int:
-        return qbs
-    if isinstance(qbs, bool) or not hasattr(qbs, "__index__"):
-        raise TypeError(f"quant_block_size: expected an int, got {type(qbs).__name__}")
-    try:
-        return operator.index(qbs)
-    except TypeError:  # e.g. a float tensor: torch's own message would not name the argument
-        what = f"a {qbs.dtype} tensor" if isinstance(qbs, Tensor) else type(qbs).__name__
-        raise TypeError(f"quant_block_size: expected an int, got {what}") from None
 
 
 def _scale_fmt(scale_fmt) -> bool:

@@ -55,7 +55,7 @@ def plan_gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_s
     """Validate the arguments of cp_gather_and_upconvert_fp8_kv_cache; reads no tensor data.
     Each step checks one argument (or one relation between them) and raises TypeError or
     ValueError naming it."""
-    batch = checks.plain_int("batch_size", batch_size)
+    batch = checks.int_arg("batch_size", batch_size)
     _check_types(src_cache, dst, block_table, workspace_starts, seq_starts)
     named = {"src_cache": src_cache, "dst": dst, "block_table": block_table, "workspace_starts": workspace_starts}
     if seq_starts is not None:
@@ -97,7 +97,8 @@ def plan_gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_s
     if num_rows and batch:  # something is written: no written byte may be one the op reads
         extents = _extents(plan)
         if fast_path.overlapping(plan.dst_ptr, _read_pointers(plan), extents):
-            _raise_overlap(plan, extents)
+            checks.disjoint_from("dst", plan.dst_ptr, ("src_cache", "block_table", "workspace_starts", "seq_starts"),
+                                 _read_pointers(plan), extents)
     vec = spec.vector_width(_low_bits(plan) | plan.src_ptr | plan.dst_ptr)
     if plan.device < 0:
         return plan._replace(vec=vec)
@@ -156,12 +157,6 @@ def _extents(p: MlaGatherPlan) -> tuple[int, int, int, int, int]:
 
 def _read_pointers(p: MlaGatherPlan) -> tuple[int, int, int, int]:
     return p.src_ptr, p.bt_ptr, p.ws_ptr, p.seq_ptr
-
-
-def _raise_overlap(p: MlaGatherPlan, extents) -> None:
-    names = ("src_cache", "block_table", "workspace_starts", "seq_starts")
-    checks.disjoint({"dst": (p.dst_ptr, p.dst_ptr + extents[0])},
-                    {n: (ptr, ptr + size) for n, ptr, size in zip(names, _read_pointers(p), extents[1:]) if size})
 
 
 # -- launching ---------------------------------------------------------------------------------

@@ -102,7 +102,8 @@ def plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_s
     if num_tokens:
         extents = _extents(plan)
         if fast_path.overlapping(plan.kv_ptr, _read_pointers(plan), extents):
-            _raise_overlap(plan, extents)
+            checks.disjoint_from("kv_cache", plan.kv_ptr, ("kv_c", "k_pe", "slot_mapping", "scale"),
+                                 _read_pointers(plan), extents)
     return plan._replace(vec=spec.vector_width(_low_bits(plan) | plan.kv_c_ptr | plan.k_pe_ptr | plan.kv_ptr)
                          if fmt == "ds" else 0)
 
@@ -211,19 +212,13 @@ def _read_pointers(p: WritePlan) -> tuple[int, int, int, int]:
     return p.kv_c_ptr, p.k_pe_ptr, p.slot_ptr, p.scale_ptr
 
 
-def _raise_overlap(p: WritePlan, extents) -> None:
-    names = ("kv_c", "k_pe", "slot_mapping", "scale")
-    checks.disjoint({"kv_cache": (p.kv_ptr, p.kv_ptr + extents[0])},
-                    {n: (ptr, ptr + size) for n, ptr, size in zip(names, _read_pointers(p), extents[1:]) if size})
-
-
 # -- launching ---------------------------------------------------------------------------------
 
 class WriteLayout(NamedTuple):
     """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
 
     device: int
-    fmt: str
+    align_mask: int         # kv_cache's data pointer & align_mask must be 0 (fp8_ds_mla: 4-byte scale words)
     widths: tuple           # vector width by the OR of the data pointers' low 4 bits
     extents: tuple          # _extents of the plan
     launches: dict          # vector width -> fast_path.Launch
@@ -260,7 +255,7 @@ def _layout(p: WritePlan, module=None) -> WriteLayout:
                                spec.WRITE_PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     low = _low_bits(p)
     widths = fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low) if p.fmt == "ds" else 0)
-    return WriteLayout(p.device, p.fmt, widths, _extents(p), launches, {})
+    return WriteLayout(p.device, 3 if p.fmt == "ds" else 0, widths, _extents(p), launches, {})
 
 
 def _run(layout: WriteLayout, kv_c_p: int, k_pe_p: int, sm_p: int, sc_p: int, kv_p: int) -> None:
@@ -312,8 +307,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     if layout is not None:  # the fast path: only the pointer checks
         kv_c_p, k_pe_p, sm_p, kv_p = kv_c.data_ptr(), k_pe.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
         sc_p = scale.data_ptr() if layout.extents[4] else 0
-        aligned = layout.fmt != "ds" or not kv_p & 3
-        if aligned and not fast_path.overlapping(kv_p, (kv_c_p, k_pe_p, sm_p, sc_p), layout.extents):
+        if not kv_p & layout.align_mask and \
+                not fast_path.overlapping(kv_p, (kv_c_p, k_pe_p, sm_p, sc_p), layout.extents):
             _run(layout, kv_c_p, k_pe_p, sm_p, sc_p, kv_p)
             return
     plan = plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale, ds_scale_rule)
