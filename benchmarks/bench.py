@@ -23,7 +23,6 @@ import math
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from nvrtc_gather.jit.spec import Entry, KernelModule
 from nvrtc_gather.kernels import gather as gather_kernels
 from nvrtc_gather.ops import gather, indexer_k_quant, paged_layout
 from nvrtc_gather.ops.gather_torch import gather_torch
+from timing import flush_buffer, l2_bytes, make_per_call, time_gpu, time_interleaved
 
 HERE = Path(__file__).resolve().parent
 # vLLM's approach (a linear scan of cu_seq_lens per block), same parameters as the gather.
@@ -128,49 +128,6 @@ def _baseline(w: Workload, k, s):
     pack = gather_kernels.PARAMS.packer(**gather.struct_fields(p))
     runtime.load(BASELINE_LINEAR_SCAN, dev, stream).launch("baseline_linear_scan", (p.num_tokens + per - 1) // per,
                                                           stream, lambda buf, error: pack(buf, error=error))
-
-
-def l2_bytes() -> int:
-    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
-
-
-def flush_buffer() -> torch.Tensor:
-    """Zeroing this (twice the L2, plus 64 MiB) before a run evicts whatever the last run left."""
-    return torch.empty(2 * l2_bytes() // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
-
-
-_SPIN_CYCLES = 100_000  # ~50 µs at the H200's 1.98 GHz
-
-
-def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
-    """Median µs of ``fn`` over ``reps`` runs, L2 flushed (flush.zero_()) before each."""
-    return time_interleaved({"fn": fn}, flush, reps, warmup)["fn"]
-
-
-def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict:
-    """Median µs of each function, runs interleaved (a, b, c, b, c, a, c, a, b, ...) with
-    the L2 flushed before each, so slow drift of clocks or host affects all alike.
-
-    A ~50 µs spin kernel after each flush keeps the GPU busy while the host enqueues the
-    timed call (a Python op takes 14-25 µs on the host), so host time cannot reach the
-    events. The order rotates because whichever function ran first in every round read up
-    to 0.7 µs high on small and one-wave calls (cause not found; benchmarks/NOTES.md)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-          for k in fns}
-    names = list(fns)
-    for i in range(reps):
-        for k in names[i % len(names):] + names[:i % len(names)]:  # each goes first in turn
-            fn = fns[k]
-            flush.zero_()
-            torch.cuda._sleep(_SPIN_CYCLES)
-            ev[k][i][0].record()
-            fn()
-            ev[k][i][1].record()
-    torch.cuda.synchronize()
-    return {k: statistics.median(a.elapsed_time(b) for a, b in ev[k]) * 1000.0 for k in fns}
 
 
 def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> list[dict]:
@@ -267,10 +224,6 @@ def host_cost(calls: int = 10000) -> dict:
     vllm_adapter.register()
     vllm_ops = torch.ops._C_cache_ops
 
-    # Median µs of single calls, in bursts with a sync between them (untimed), so the GPU's
-    # launch queue never fills: a full queue would make the host wait for the GPU and measure
-    # kernel time instead of host cost.
-    from bench_mla import make_per_call
     per_call = make_per_call(calls)
 
     dev = torch.cuda.current_device()

@@ -41,6 +41,7 @@ from nvrtc_gather.jit.spec import Entry, KernelModule, ParamStruct
 from nvrtc_gather.ops import mla_gather, mla_write
 from nvrtc_gather.ops.mla_gather_torch import gather_torch
 from nvrtc_gather.ops.mla_write_torch import write_torch
+from timing import flush_buffer, l2_bytes, make_per_call, time_samples
 
 HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 64
@@ -79,40 +80,6 @@ WRITE_WORKLOADS = [  # (tokens, slot pattern)
 ]
 DEFAULT_REPS = 40
 SMALL_TOKENS = 100_000   # calls below this are noisy: 3x the runs
-_SPIN_CYCLES = 100_000   # ~50 µs at the H200's 1.98 GHz (bench.py's)
-
-
-# -- timing (bench.py's method, keeping every sample for the spread) ----------------------------
-
-def l2_bytes() -> int:
-    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 60 << 20)
-
-
-def flush_buffer() -> torch.Tensor:
-    """Zeroing this (twice the L2, plus 64 MiB) before a run evicts whatever the last run left."""
-    return torch.empty(2 * l2_bytes() // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
-
-
-def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict[str, list[float]]:
-    """µs of every run of each function: runs interleaved in a rotating order, the L2 flushed
-    and a ~50 µs spin kernel queued before each (so host time never reaches the events)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    names = list(fns)
-    ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-          for k in names}
-    for i in range(reps):
-        for k in names[i % len(names):] + names[:i % len(names)]:  # each goes first in turn
-            flush.zero_()
-            torch.cuda._sleep(_SPIN_CYCLES)
-            ev[k][i][0].record()
-            fns[k]()
-            ev[k][i][1].record()
-    torch.cuda.synchronize()
-    return {k: [a.elapsed_time(b) * 1000.0 for a, b in ev[k]] for k in names}
-
-
 def summarize(row: dict, samples: dict[str, list[float]]) -> None:
     """``<name>_us`` (median) and ``<name>_spread_us`` ([10th, 90th] percentile) per function."""
     for k, xs in samples.items():
@@ -341,25 +308,6 @@ def _ratios(row: dict) -> None:
 
 
 # -- host cost per call -------------------------------------------------------------------------
-
-def make_per_call(calls: int = 10000):
-    """bench.py's measure: median µs of single calls, in bursts with an untimed sync between
-    them so the launch queue never fills."""
-    def per_call(fn, *fargs, burst=250):
-        for _ in range(200):
-            fn(*fargs)
-        torch.cuda.synchronize()
-        t = []
-        clock = time.perf_counter_ns
-        while len(t) < calls:
-            for _ in range(burst):
-                t0 = clock()
-                fn(*fargs)
-                t.append(clock() - t0)
-            torch.cuda.synchronize()
-        return statistics.median(t) / 1000.0
-    return per_call
-
 
 HOST_KEYS = ("mla_write_us", "mla_write_custom_op_us", "mla_gather_us", "mla_gather_custom_op_us")
 

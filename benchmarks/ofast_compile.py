@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402
+import timing  # noqa: E402
 from bench_quant import BLOCK_SIZE, CACHE_STRIDE, HEAD_DIM, QBS, _slots  # noqa: E402
 
 from nvrtc_gather.ops import indexer_k_quant  # noqa: E402
@@ -21,7 +21,7 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 def main() -> int:
-    flush = bench.flush_buffer()
+    flush = timing.flush_buffer()
     for dt, dtype in DTYPES.items():
         op_module = quant_kernels.MODULES[dt, 16]  # the workloads are 16-byte aligned
         fast = dataclasses.replace(op_module, name=op_module.name + "_ofc", options=op_module.options + ("--Ofast-compile=max",))
@@ -42,7 +42,7 @@ def main() -> int:
             if not torch.equal(kv, kv2):
                 print(f"{dt} {tokens} {pattern} {fmt}: NOT bit-exact ({int((kv != kv2).sum())} bytes differ)")
                 return 1
-            us = bench.time_interleaved({"op": a, "ofc": b}, flush, 60)
+            us = timing.time_interleaved({"op": a, "ofc": b}, flush, 60)
             print(f"{dt:>4} {tokens:>8} {pattern:>9} {fmt:>8}: op {us['op']:7.1f} us  Ofast-compile=max {us['ofc']:7.1f} us"
                   f"  ({us['ofc'] / us['op']:.3f})", flush=True)
     return 0

@@ -33,8 +33,9 @@ def run(workloads) -> None:
     import torch
 
     import bench
+    import timing
     from nvrtc_gather.ops import gather
-    l2 = bench.l2_bytes()
+    l2 = timing.l2_bytes()
     for batch, mean in workloads:
         w = bench.Workload(batch, mean, l2, seed=batch * 7 + mean)
         k, s = w.outputs()

@@ -1,5 +1,5 @@
 """Sweeps of the MLA kernels (experiments, not the record), each beside the copy of the same
-bytes, interleaved (bench_mla.time_samples), one line per workload:
+bytes, interleaved (timing.time_samples), one line per workload:
 - the gather with the op's own rows-per-block choice and every rows_per_cta of --rows, with the
   shipped build and one capped at 32 registers per thread (full occupancy);
 - the fp8_ds_mla write with the shipped build and the 32-register one.
@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_mla  # noqa: E402
+import timing  # noqa: E402
 from nvrtc_gather.kernels import mla_cache  # noqa: E402
 from nvrtc_gather.ops import mla_gather, mla_write  # noqa: E402
 
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="1x65536,1x131072,256x1000,4096x64,1x1000")
     ap.add_argument("--writes", default="16384 paged,131072 paged,1048576 paged,1048576 scattered")
     args = ap.parse_args(argv)
-    flush, l2 = bench_mla.flush_buffer(), bench_mla.l2_bytes()
+    flush, l2 = timing.flush_buffer(), timing.l2_bytes()
     for spec in args.workloads.split(","):
         batch, mean = (int(x) for x in spec.split("x"))
         w = bench_mla.GatherWorkload(batch, mean, l2, seed=batch * 7 + mean)
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
         for r in args.rows.split(","):
             fns[f"r{r}"] = mla_gather.prepared(*w.args(dst), rows_per_cta=int(r))
             fns[f"r{r}/regs32"] = mla_gather.prepared(*w.args(dst), rows_per_cta=int(r), module=regs32)
-        s = bench_mla.time_samples(fns, flush, args.reps)
+        s = timing.time_samples(fns, flush, args.reps)
         med = {k: sorted(v)[len(v) // 2] for k, v in s.items()}
         chosen = mla_gather.plan_gather(*w.args(dst)).rows_per_cta
         print(f"gather {w.name:>10} tokens {w.tokens:>7} copy {med['copy']:7.1f} op(r{chosen}) {med['op']:7.1f} "
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
         fns = {"copy": bench_mla._copy_fns(w.moved, torch.Generator(device="cuda").manual_seed(1)),
                "op": mla_write.prepared(*w.args(cache)),
                "regs32": mla_write.prepared(*w.args(cache), module=capped(mla_cache.DS_MODULES["bf16"]))}
-        s = bench_mla.time_samples(fns, flush, args.reps)
+        s = timing.time_samples(fns, flush, args.reps)
         med = {k: sorted(v)[len(v) // 2] for k, v in s.items()}
         print(f"write {w.name:>18} copy {med['copy']:7.1f} " +
               " ".join(f"{k} {v:.1f} ({v / med['copy']:.2f}x)" for k, v in med.items() if k != "copy"), flush=True)
