@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from nvrtc_gather.jit import build, compiler, driver, runtime
+from nvrtc_gather.jit import compiler, driver, runtime
 from nvrtc_gather.jit.spec import Entry, KernelModule
 from nvrtc_gather.kernels import gather as gather_kernels
 from nvrtc_gather.ops import gather, indexer_k_quant, paged_layout
 from nvrtc_gather.ops.gather_torch import gather_torch
-from timing import flush_buffer, l2_bytes, make_per_call, time_gpu, time_interleaved
+from timing import flush_buffer, host_costs, l2_bytes, summarize, time_gpu, time_interleaved, time_samples
 
 HERE = Path(__file__).resolve().parent
 # vLLM's approach (a linear scan of cu_seq_lens per block), same parameters as the gather.
@@ -48,13 +48,20 @@ BASELINE_LINEAR_SCAN = KernelModule(name="baseline_linear_scan", source="baselin
 GATHER_CONTROL = dataclasses.replace(GATHER, name="gather_indexer_k_control")
 GATHER_VARIANTS = (GATHER_CONTROL,)
 
+
+def variant_from_source(path: str) -> KernelModule:
+    """A build of another gather source file (say, the previous version, saved beside the
+    checkout) with the op's entry points, timed beside the op with --gather-variant-source."""
+    src = Path(path).resolve()
+    return dataclasses.replace(GATHER, name=f"variant_{src.stem}", source=src.name, source_dir=str(src.parent))
+
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 NQ = HEAD_DIM // QBS
 BYTES_PER_TOKEN = HEAD_DIM + 4 * NQ  # 132 read + 132 written per token
 
 WORKLOADS = [  # (requests, mean tokens per request)
     (8, 131072), (1, 131072), (4, 32768), (64, 2048), (256, 1000),
-    (1024, 256), (4096, 64), (1, 1000), (8, 100),
+    (1024, 256), (4096, 64), (16, 2048), (1, 1000), (8, 100),
 ]
 
 
@@ -127,7 +134,7 @@ def _baseline(w: Workload, k, s):
     per = BASELINE_LINEAR_SCAN.threads // 32
     pack = gather_kernels.PARAMS.packer(**gather.struct_fields(p))
     runtime.load(BASELINE_LINEAR_SCAN, dev, stream).launch("baseline_linear_scan", (p.num_tokens + per - 1) // per,
-                                                          stream, lambda buf, error: pack(buf, error=error))
+                                                          stream, pack)
 
 
 def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> list[dict]:
@@ -166,8 +173,7 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
         fast = {"op": lambda: impls["op"](k, s), "baseline": lambda: impls["baseline"](k, s),
                 "copy": lambda: dst.copy_(src)}
         fast.update({m.name: gather.prepared(w.kv, k, s, w.block_table, w.cu, module=m) for m in variants})
-        for name, us in time_interleaved(fast, flush, n).items():
-            row[f"{name}_us"] = us
+        summarize(row, time_samples(fast, flush, n))
         for name in impls.keys() - fast.keys():
             row[f"{name}_us"] = time_gpu(lambda: impls[name](*outs[name]), flush, max(3, reps // 10))
         row["op_over_copy"] = row["op_us"] / row["copy_us"]
@@ -209,8 +215,8 @@ def _metadata_reads(*tensors):
 def host_cost(calls: int = 10000) -> dict:
     """Median µs per call of each op through each entry point users call (the plain function,
     torch.ops.nvrtc_gather.*, and vLLM's torch.ops._C_cache_ops.* after the adapter's
-    register()), back to back on small tensors; torch's copy_ of a small tensor measured the
-    same way, in the same run, as the yardstick; and the floors under them."""
+    register()), on small tensors; torch's copy_ of a small tensor as the yardstick and the
+    floors under the ops, all measured in one interleaved run (timing.host_costs)."""
     w = Workload(1, 1000, 0, seed=1)
     k, s = w.outputs()
     args = (w.kv, k, s, w.block_table, w.cu)
@@ -223,8 +229,6 @@ def host_cost(calls: int = 10000) -> dict:
     from nvrtc_gather.integrations import vllm as vllm_adapter
     vllm_adapter.register()
     vllm_ops = torch.ops._C_cache_ops
-
-    per_call = make_per_call(calls)
 
     dev = torch.cuda.current_device()
     plan = gather.plan_gather(*args)
@@ -242,29 +246,24 @@ def host_cost(calls: int = 10000) -> dict:
     cur_ref = ctypes.byref(cur)
     cfg = driver.LaunchConfig(grid, 1, 1, GATHER.threads, 1, 1, 0, stream, None, 0)
     cfg_addr = ctypes.addressof(cfg)
-    out = {
-        "torch_copy_us": per_call(a.copy_, b),
-        "gather_us": per_call(gather.cp_gather_indexer_k_quant_cache, *args),
-        "write_us": per_call(indexer_k_quant.indexer_k_quant_and_cache, *qargs),
-        "gather_custom_op_us": per_call(torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache, *args),
-        "write_custom_op_us": per_call(torch.ops.nvrtc_gather.indexer_k_quant_and_cache, *qargs),
-        "gather_vllm_op_us": per_call(vllm_ops.cp_gather_indexer_k_quant_cache, *args),
-        "write_vllm_op_us": per_call(vllm_ops.indexer_k_quant_and_cache, *qargs),
-        "gather_full_checks_us": per_call(gather.plan_gather, *args),
-        "metadata_reads_us": per_call(_metadata_reads, *args),
-        "current_stream_us": per_call(runtime.current_stream, dev),
-        "raw_cuLaunchKernelEx_us": per_call(raw.launch_ex, cfg_addr, fn, params, None),
-        "cuCtxGetCurrent_us": per_call(raw.ctx_get_current, cur_ref),
-        "pack_us": per_call(lambda: pack(buf, error=0)),
-        "calls": calls,
-    }
-    from bench_mla import HOST_KEYS as MLA_HOST_KEYS, mla_host_cost
-    out.update(mla_host_cost(per_call))  # the MLA-cache ops, beside the same yardstick
-    # Each op once more at the end, with the yardstick: the first measurements have read high
-    # on some hosts; report the lower of the two for every entry.
-    for key, fn_, fargs in (("torch_copy_us", a.copy_, (b,)), ("gather_us", gather.cp_gather_indexer_k_quant_cache, args),
-                            ("write_us", indexer_k_quant.indexer_k_quant_and_cache, qargs)):
-        out[key] = min(out[key], per_call(fn_, *fargs))
+    from bench_mla import HOST_KEYS as MLA_HOST_KEYS, mla_host_calls
+    out = host_costs({
+        "torch_copy_us": (a.copy_, (b,)),
+        "gather_us": (gather.cp_gather_indexer_k_quant_cache, args),
+        "write_us": (indexer_k_quant.indexer_k_quant_and_cache, qargs),
+        "gather_custom_op_us": (torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache, args),
+        "write_custom_op_us": (torch.ops.nvrtc_gather.indexer_k_quant_and_cache, qargs),
+        "gather_vllm_op_us": (vllm_ops.cp_gather_indexer_k_quant_cache, args),
+        "write_vllm_op_us": (vllm_ops.indexer_k_quant_and_cache, qargs),
+        "gather_full_checks_us": (gather.plan_gather, args),
+        "metadata_reads_us": (_metadata_reads, args),
+        "current_stream_us": (runtime.current_stream, (dev,)),
+        "raw_cuLaunchKernelEx_us": (raw.launch_ex, (cfg_addr, fn, params, None)),
+        "cuCtxGetCurrent_us": (raw.ctx_get_current, (cur_ref,)),
+        "pack_us": (lambda: pack(buf, error=0), ()),
+        **mla_host_calls(),  # the MLA-cache ops, beside the same yardstick
+    }, calls)
+    out["calls"] = calls
     for key in ("gather_us", "write_us", "gather_custom_op_us", "write_custom_op_us", "gather_vllm_op_us",
                 "write_vllm_op_us") + MLA_HOST_KEYS:
         out[key.replace("_us", "_over_copy")] = round(out[key] / out["torch_copy_us"], 3)
@@ -333,11 +332,17 @@ def markdown(result: dict) -> str:
     out = [f"{env['gpu']}, CUDA driver {env['driver_cuda']}, torch {env['torch']}, NVRTC {env['nvrtc']}, "
            f"Python {env['python']}, {env['date']}. Median µs, L2 flushed before each run.", "",
            "| requests x mean tokens | tokens | MB moved | copy | op | op / copy | linear scan | torch path "
-           "| per-request loop |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| per-request loop | copy p10-p90 | op p10-p90 | linear scan p10-p90 |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def spread(r, k):
+        lo_hi = r.get(f"{k}_spread_us")
+        return f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}" if lo_hi else "-"
     for r in result["workloads"]:
         loop = f"{r['loop_us']:.0f}" if "loop_us" in r else "-"
         out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
-                   f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} | {r['baseline_us']:.1f} | {r['torch_us']:.0f} | {loop} |")
+                   f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} | {r['baseline_us']:.1f} | {r['torch_us']:.0f} | {loop} | "
+                   f"{spread(r, 'copy')} | {spread(r, 'op')} | {spread(r, 'baseline')} |")
     if result.get("quant_workloads"):
         out += ["", "| write op workload | tokens | MB moved | copy | op | op / copy |", "| --- | --- | --- | --- | --- | --- |"]
         for r in result["quant_workloads"]:
@@ -409,6 +414,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
     ap.add_argument("--gather-variants", action="store_true",
                     help="also check and time the benchmark builds of the gather kernel (GATHER_VARIANTS)")
+    ap.add_argument("--gather-variant-source", action="append", default=[], metavar="FILE",
+                    help="also check and time a build of this gather source (repeatable)")
     ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
     ap.add_argument("--host-cost-only", action="store_true", help="only the host cost per call (host_cost.json)")
     args = ap.parse_args(argv)
@@ -424,7 +431,9 @@ def main(argv=None) -> int:
     env = environment()
     print(env)
     print(HEADER)
-    rows = bench_workloads(args.reps, args.loop_max_batch, GATHER_VARIANTS if args.gather_variants else ())
+    variants = (GATHER_VARIANTS if args.gather_variants else ()) + tuple(
+        variant_from_source(f) for f in args.gather_variant_source)
+    rows = bench_workloads(args.reps, args.loop_max_batch, variants)
     host = host_cost()
     print(f"host cost per call (median of {host['calls']}), µs: " + ", ".join(
         f"{k[:-3]} {v:.2f}" + (f" ({host[k[:-3] + '_over_copy']}x copy_)" if k[:-3] + "_over_copy" in host else "")
@@ -450,7 +459,6 @@ def main(argv=None) -> int:
     sweep = []
     if args.sweep_tpc:
         values = [int(x) for x in args.sweep_tpc.split(",")]
-        variants = GATHER_VARIANTS if args.gather_variants else ()
         print(f"op us by tokens per block ({', '.join(m.name for m in variants) or 'no variants'} after the op, "
               f"for each of {values}):")
         sweep = sweep_tokens_per_cta(values, args.reps, variants)

@@ -27,7 +27,6 @@ import math
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from nvrtc_gather.jit.spec import Entry, KernelModule, ParamStruct
 from nvrtc_gather.ops import mla_gather, mla_write
 from nvrtc_gather.ops.mla_gather_torch import gather_torch
 from nvrtc_gather.ops.mla_write_torch import write_torch
-from timing import flush_buffer, l2_bytes, make_per_call, time_samples
+from timing import flush_buffer, host_costs, l2_bytes, summarize, time_samples
 
 HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 64
@@ -80,14 +79,6 @@ WRITE_WORKLOADS = [  # (tokens, slot pattern)
 ]
 DEFAULT_REPS = 40
 SMALL_TOKENS = 100_000   # calls below this are noisy: 3x the runs
-def summarize(row: dict, samples: dict[str, list[float]]) -> None:
-    """``<name>_us`` (median) and ``<name>_spread_us`` ([10th, 90th] percentile) per function."""
-    for k, xs in samples.items():
-        q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
-        row[f"{k}_us"] = statistics.median(xs)
-        row[f"{k}_spread_us"] = [round(q[0], 2), round(q[-1], 2)]
-
-
 def _reps_for(tokens: int, reps: int) -> int:
     return max(5, reps if tokens >= SMALL_TOKENS else 3 * reps)
 
@@ -165,11 +156,8 @@ def gather_baseline(w: GatherWorkload, dst: torch.Tensor):
     grid = -(-p.num_rows // p.block_size) + 2 * p.batch
     handle = runtime.load(BASELINE_MLA_GATHER, dev, runtime.current_stream(dev))
 
-    def fill(buf, error):
-        pack(buf, error=error)
-
     def run(_keep=(w, dst)):
-        handle.launch("baseline_mla_gather", grid, runtime.current_stream(dev), fill)
+        handle.launch("baseline_mla_gather", grid, runtime.current_stream(dev), pack)
     return run
 
 
@@ -250,11 +238,8 @@ def write_baseline(w: WriteWorkload, cache: torch.Tensor):
         entry_stride=p.entry_stride, num_tokens=p.num_tokens, block_size=p.block_size)
     handle = runtime.load(BASELINE_MLA_WRITE, dev, runtime.current_stream(dev))
 
-    def fill(buf, error):
-        pack(buf, error=error)
-
     def run(_keep=(w, cache)):
-        handle.launch("baseline_mla_write", p.num_tokens, runtime.current_stream(dev), fill)
+        handle.launch("baseline_mla_write", p.num_tokens, runtime.current_stream(dev), pack)
     return run
 
 
@@ -312,13 +297,11 @@ def _ratios(row: dict) -> None:
 HOST_KEYS = ("mla_write_us", "mla_write_custom_op_us", "mla_gather_us", "mla_gather_custom_op_us")
 
 
-def mla_host_cost(per_call=None) -> dict:
-    """µs per call of both ops through the plain function and torch.ops.nvrtc_gather.*, on
-    small tensors (1000 tokens; one request of 1000), and each op's full checks (plan_*:
-    what a call with a new layout pays first). ``per_call``: bench.py's, so the numbers sit
-    beside its torch copy_ yardstick; None: this module's, with its own yardstick."""
-    own = per_call is None
-    per_call = make_per_call() if own else per_call
+def mla_host_calls() -> dict:
+    """The calls whose host cost is measured (``name_us: (fn, args)``, for timing.host_costs):
+    both ops through the plain function and torch.ops.nvrtc_gather.*, on small tensors (1000
+    tokens; one request of 1000), and each op's full checks (plan_*: what a call with a new
+    layout pays first). bench.py measures them beside its torch copy_ yardstick."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     n = 1000
     cache = torch.randint(0, 256, (64, BLOCK_SIZE, RECORD), dtype=torch.uint8, device="cuda", generator=gen)
@@ -332,26 +315,22 @@ def mla_host_cost(per_call=None) -> dict:
     ws = torch.zeros(1, dtype=torch.int32, device="cuda")
     gargs = (cache, dst, bt, ws, 1)
     ops = torch.ops.nvrtc_gather
-    out = {}
-    if own:
-        a, b = torch.empty(1024, device="cuda"), torch.empty(1024, device="cuda")
-        out["torch_copy_us"] = per_call(a.copy_, b)
-    out.update({
-        "mla_write_us": per_call(mla_write.concat_and_cache_mla, *wargs),
-        "mla_write_custom_op_us": per_call(ops.concat_and_cache_mla, *wargs),
-        "mla_gather_us": per_call(mla_gather.cp_gather_and_upconvert_fp8_kv_cache, *gargs),
-        "mla_gather_custom_op_us": per_call(ops.cp_gather_and_upconvert_fp8_kv_cache, *gargs),
-        "mla_write_full_checks_us": per_call(mla_write.plan_write, *wargs),
-        "mla_gather_full_checks_us": per_call(mla_gather.plan_gather, *gargs),
-    })
-    # Each op once more: the first measurements have read high on some hosts (bench.py); the lower kept.
-    out["mla_write_us"] = min(out["mla_write_us"], per_call(mla_write.concat_and_cache_mla, *wargs))
-    out["mla_gather_us"] = min(out["mla_gather_us"],
-                               per_call(mla_gather.cp_gather_and_upconvert_fp8_kv_cache, *gargs))
-    if own:
-        out["torch_copy_us"] = min(out["torch_copy_us"], per_call(a.copy_, b))
-        for k in HOST_KEYS:
-            out[k.replace("_us", "_over_copy")] = round(out[k] / out["torch_copy_us"], 3)
+    return {
+        "mla_write_us": (mla_write.concat_and_cache_mla, wargs),
+        "mla_write_custom_op_us": (ops.concat_and_cache_mla, wargs),
+        "mla_gather_us": (mla_gather.cp_gather_and_upconvert_fp8_kv_cache, gargs),
+        "mla_gather_custom_op_us": (ops.cp_gather_and_upconvert_fp8_kv_cache, gargs),
+        "mla_write_full_checks_us": (mla_write.plan_write, wargs),
+        "mla_gather_full_checks_us": (mla_gather.plan_gather, gargs),
+    }
+
+
+def mla_host_cost() -> dict:
+    """mla_host_calls' host costs beside torch's copy_ of 4 KiB, interleaved (timing.host_costs)."""
+    a, b = torch.empty(1024, device="cuda"), torch.empty(1024, device="cuda")
+    out = host_costs({"torch_copy_us": (a.copy_, (b,)), **mla_host_calls()})
+    for k in HOST_KEYS:
+        out[k.replace("_us", "_over_copy")] = round(out[k] / out["torch_copy_us"], 3)
     return out
 
 

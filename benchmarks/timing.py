@@ -55,21 +55,35 @@ def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
     return time_interleaved({"fn": fn}, flush, reps, warmup)["fn"]
 
 
-def make_per_call(calls: int = 10000):
-    """``per_call(fn, *args)``: median µs of single calls (host cost), in bursts with an untimed
-    sync between them, so the GPU's launch queue never fills: a full queue would make the host
-    wait for the GPU and measure kernel time instead of host cost."""
-    def per_call(fn, *fargs, burst=250):
+def summarize(row: dict, samples: dict[str, list[float]]) -> None:
+    """``<name>_us`` (median) and ``<name>_spread_us`` ([10th, 90th] percentile) per function."""
+    for k, xs in samples.items():
+        q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
+        row[f"{k}_us"] = statistics.median(xs)
+        row[f"{k}_spread_us"] = [round(q[0], 2), round(q[-1], 2)]
+
+
+def host_costs(calls: dict, per_fn: int = 10000, burst: int = 250) -> dict[str, float]:
+    """Median µs of single calls (host cost) of each ``name: (fn, args)``, in bursts of
+    ``burst`` calls with an untimed sync after each, so the GPU's launch queue never fills (a
+    full queue would make the host wait for the GPU and measure kernel time instead). The
+    bursts of all functions are interleaved in a rotating order, ``per_fn`` calls each in all:
+    the host's speed drifts by tens of percent within minutes, and interleaving makes every
+    function (the yardstick included) see the same drift, so their ratios hold."""
+    names = list(calls)
+    for fn, fargs in calls.values():
         for _ in range(200):
             fn(*fargs)
-        torch.cuda.synchronize()
-        t = []
-        clock = time.perf_counter_ns
-        while len(t) < calls:
+    torch.cuda.synchronize()
+    t = {k: [] for k in names}
+    clock = time.perf_counter_ns
+    for i in range(-(-per_fn // burst)):
+        for k in names[i % len(names):] + names[:i % len(names)]:
+            fn, fargs = calls[k]
+            ts = t[k]
             for _ in range(burst):
                 t0 = clock()
                 fn(*fargs)
-                t.append(clock() - t0)
+                ts.append(clock() - t0)
             torch.cuda.synchronize()
-        return statistics.median(t) / 1000.0
-    return per_call
+    return {k: statistics.median(xs) / 1000.0 for k, xs in t.items()}

@@ -51,9 +51,11 @@ class ParamStruct:
         return self.layout.pack(*(values[n] for n in self.names))
 
     def packer(self, **fixed) -> Callable[..., None]:
-        """``pack(buf, *, <every other field>)``: packs the struct into ``buf`` with the
-        ``fixed`` fields bound now and the others given by name on each call. Built from
-        generated code, so a call costs what one positional ``struct.pack_into`` does."""
+        """``pack(buf, <every other field>)``: packs the struct into ``buf`` with the ``fixed``
+        fields bound now and the others given on each call, in struct order or by name (the
+        launcher passes them in order: the data pointers, then the error buffer, always the
+        last field). Built from generated code, so a call costs what one positional
+        ``struct.pack_into`` does."""
         free = tuple(n for n in self.names if n not in fixed)
         self._check({**fixed, **dict.fromkeys(free)}, self.names)
         return _packer_factory(self, tuple(fixed))(**fixed)
@@ -66,10 +68,10 @@ class ParamStruct:
 
 @lru_cache(maxsize=None)
 def _packer_factory(params: ParamStruct, fixed: tuple[str, ...]):
-    """``make(**fixed) -> pack(buf, *, **free)``, generated once per struct and set of fixed names."""
+    """``make(**fixed) -> pack(buf, *free)``, generated once per struct and set of fixed names."""
     free = [n for n in params.names if n not in fixed]
     body = (f"def make({', '.join(fixed)}):\n"
-            f"    def pack(buf, *, {', '.join(free)}):\n"
+            f"    def pack(buf, {', '.join(free)}):\n"
             f"        _pack_into(buf, 0, {', '.join(params.names)})\n"
             f"    return pack\n")
     namespace = {"_pack_into": params.layout.pack_into}

@@ -88,9 +88,10 @@ def widths_by_alignment(width_of) -> tuple:
 
 def bind(layout, vec: int):
     """The launcher of ``layout``'s ready launch for vector width ``vec``, made on its first use
-    and kept in ``layout.launchers`` (the op's hot path reads that dict first): ``go(fill)``
-    (runtime.LoadedModule.launcher) launches on torch's current stream of ``layout.device``,
-    ``fill(buf, error)`` packs the struct (the op binds the data pointers by name). The module
+    and kept in ``layout.launchers`` (the op's hot path reads that dict first): ``go(pack,
+    pointers)`` (runtime.LoadedModule.launcher) launches on torch's current stream of
+    ``layout.device``, the struct packed by the ready launch's ``pack`` with the call's data
+    pointers, in struct order. The module
     is loaded already or now. A layout is any record with ``device``, ``launches`` (vector
     width -> Launch) and ``launchers`` (a dict, empty at first)."""
     ready = layout.launches[vec]

@@ -268,11 +268,7 @@ def _layout(p: GatherPlan, module=None) -> GatherLayout:
 def _run(layout: GatherLayout, kv_p: int, k_p: int, s_p: int, bt_p: int, cu_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[(kv_p | k_p) & 15]  # spec.vector_width(kv_p | k_p | _low_bits(plan))
-    pack = layout.launches[vec].pack
-
-    def fill(buf, error):
-        pack(buf, kv_cache=kv_p, dst_k=k_p, dst_scale=s_p, block_table=bt_p, cu_seq_lens=cu_p, error=error)
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack, (kv_p, k_p, s_p, bt_p, cu_p))
 
 
 _layouts = LayoutMemo()

@@ -199,11 +199,7 @@ def _layout(p: QuantPlan, module=None) -> QuantLayout:
 def _run(layout: QuantLayout, k_p: int, sm_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[k_p & 15]  # spec.vector_width(k_p | _low_bits(plan), ...)
-    pack = layout.launches[vec].pack
-
-    def fill(buf, error):
-        pack(buf, k=k_p, slot_mapping=sm_p, kv_cache=kv_p, error=error)
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack, (k_p, sm_p, kv_p))
 
 
 _layouts = LayoutMemo()

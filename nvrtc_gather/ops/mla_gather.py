@@ -199,11 +199,8 @@ def _layout(p: MlaGatherPlan, module=None) -> MlaGatherLayout:
 def _run(layout: MlaGatherLayout, src_p: int, dst_p: int, bt_p: int, ws_p: int, seq_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[(src_p | dst_p) & 15]
-    pack = layout.launches[vec].pack
-
-    def fill(buf, error):
-        pack(buf, src_cache=src_p, dst=dst_p, block_table=bt_p, workspace_starts=ws_p, seq_starts=seq_p, error=error)
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack,
+                                                               (src_p, dst_p, bt_p, ws_p, seq_p))
 
 
 _layouts = LayoutMemo()

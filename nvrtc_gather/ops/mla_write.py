@@ -261,11 +261,8 @@ def _layout(p: WritePlan, module=None) -> WriteLayout:
 def _run(layout: WriteLayout, kv_c_p: int, k_pe_p: int, sm_p: int, sc_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[(kv_c_p | k_pe_p | kv_p) & 15]
-    pack = layout.launches[vec].pack
-
-    def fill(buf, error):
-        pack(buf, kv_c=kv_c_p, k_pe=k_pe_p, slot_mapping=sm_p, scale=sc_p, kv_cache=kv_p, error=error)
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(fill)
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack,
+                                                               (kv_c_p, k_pe_p, sm_p, sc_p, kv_p))
 
 
 _layouts = LayoutMemo()

@@ -168,6 +168,43 @@ def test_eight_threads_on_a_cold_process_compile_once(tmp_path):
     assert (compiles, bad, errors) == ("1", "0", "[]")
 
 
+def test_a_thread_where_no_context_is_current_still_launches(monkeypatch):
+    """The launcher launches as if the device's primary context were current and asks only when
+    the driver refuses: in a thread where no CUDA context is current, the first try is refused
+    and the retry, with the primary context pushed, runs the kernel."""
+    import ctypes
+    import threading
+
+    from nvrtc_gather.jit import driver
+
+    c_cpu = make_gather_case(random.Random(8), block_size=16, head_dim=128, quant_block_size=64, batch=6,
+                             strided=False)
+    c = to_device(c_cpu, "cuda")
+    ng.cp_gather_indexer_k_quant_cache(*c.args())  # the layout and its launcher, made on this thread
+    torch.cuda.synchronize()
+    c.dst_k.view(torch.uint8).fill_(SENTINEL)
+    raw = driver.raw()
+    real_launch, codes, seen = raw.launch_ex, [], {}
+    monkeypatch.setattr(raw, "launch_ex", lambda *a: codes.append(real_launch(*a)) or codes[-1])
+
+    def work():
+        try:
+            cur = ctypes.c_void_p()
+            raw.ctx_get_current(ctypes.byref(cur))
+            seen["current"] = cur.value
+            ng.cp_gather_indexer_k_quant_cache(*c.args())
+        except Exception as exc:  # reported below
+            seen["error"] = repr(exc)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    torch.cuda.synchronize()
+    assert seen.get("current") is None and "error" not in seen, seen
+    assert len(codes) == 2 and codes[0] != 0 and codes[1] == 0, codes  # refused, then run
+    k, _ = gather_reference(c_cpu.kv_cache, c_cpu.block_table, c_cpu.cu_seq_lens, c_cpu.dst_k.size(0), 128, 2)
+    assert torch.equal(c.dst_k.view(torch.uint8).cpu(), k)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (run on the nvidia-h200-x2 machine)")
 def test_tensors_on_another_device_than_the_current_one():
     rng = random.Random(4)

@@ -16,6 +16,8 @@ class FakeDriver:
     def __init__(self):
         self.loaded, self.bad, self.current, self.pushed = [], set(), 0, []
         self.launches, self.fetch_ctx = [], []
+        self.function_ctx = {}  # CUfunction -> the context it belongs to
+        self.refused, self.ctx_queries = [], 0
         self.grid, self.block, self.params = None, None, b""  # of the last launch
         self.on_launch = None  # what the "kernel" does
 
@@ -27,14 +29,18 @@ class FakeDriver:
         pass
 
     def get_function(self, lib, name):
-        self.fetch_ctx.append(self.pushed[-1] if self.pushed else self.current)
+        ctx = self.pushed[-1] if self.pushed else self.current
+        self.fetch_ctx.append(ctx)
         if self.loaded[lib - 1] in self.bad:
             raise CudaError("cuKernelGetFunction", 209, "CUDA_ERROR_NO_BINARY_FOR_GPU")
-        return 1000 * lib + len(name)
+        fn = 100000 * ctx + 1000 * lib + len(name)  # one CUfunction per context, as the driver's
+        self.function_ctx[fn] = ctx
+        return fn
 
     # the raw entry points the launcher and in_primary_context call
     def ctx_get_current(self, ref):
-        ref._obj.value = self.current or None
+        self.ctx_queries += 1
+        ref._obj.value = (self.pushed[-1] if self.pushed else self.current) or None
         return 0
 
     def ctx_push(self, ctx):
@@ -46,7 +52,11 @@ class FakeDriver:
         return 0
 
     def launch_ex(self, cfg, fn, params, extra):
-        self.launches.append((self.pushed[-1] if self.pushed else self.current, fn))
+        ctx = self.pushed[-1] if self.pushed else self.current
+        if self.function_ctx.get(fn, ctx) != ctx:  # a function runs only in its own context
+            self.refused.append((ctx, fn))
+            return 201  # CUDA_ERROR_INVALID_CONTEXT
+        self.launches.append((ctx, fn))
         self.grid = driver.LaunchConfig.from_address(cfg).gridDimX
         self.block = driver.LaunchConfig.from_address(cfg).blockDimX
         # params: the address of a void*[1] pointing at the packed struct; keep its head
@@ -113,17 +123,26 @@ def test_launch_pushes_the_primary_context_only_when_another_is_current(fake):
     on0, on1 = runtime.load(gather_kernels.MODULES[16], 0), runtime.load(gather_kernels.MODULES[16], 1)
     entry = gather_kernels.MODULES[16].kernels[0]
     pack = gather_kernels.PARAMS.packer(**{n: 0 for n in gather_kernels.PARAMS.names if n != "error"})
-
-    def fill(buf, error):
-        pack(buf, error=error)
-    fake.current = 7  # device 0's primary context is current
-    on0.launch(entry, 3, 0, fill)
+    fake.current, fake.ctx_queries = 7, 0  # device 0's primary context is current: launched, nothing asked
+    on0.launch(entry, 3, 0, pack)
+    assert (fake.launches, fake.refused, fake.ctx_queries) == ([(7, on0.functions[entry])], [], 0)
     fake.current = 7  # tensors on device 1 while device 0 is current
-    on1.launch(entry, 3, 0, fill)
+    on1.launch(entry, 3, 0, pack)
     fake.current = 0  # a thread where no context is current
-    on0.launch(entry, 3, 0, fill)
+    on0.launch(entry, 3, 0, pack)
     assert fake.launches == [(7, on0.functions[entry]), (8, on1.functions[entry]), (7, on0.functions[entry])]
+    assert fake.refused == [(7, on1.functions[entry]), (0, on0.functions[entry])]  # each retried once, pushed
     assert fake.pushed == []  # every push popped
+
+
+def test_a_launch_the_driver_refuses_in_its_own_context_raises(fake):
+    on0 = runtime.load(gather_kernels.MODULES[16], 0)
+    entry = gather_kernels.MODULES[16].kernels[0]
+    fake.current, fake.ctx_queries = 7, 0
+    fake.launch_ex = lambda *a: 701  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, say
+    with pytest.raises(CudaError, match="cuLaunchKernelEx"):
+        on0.launch(entry, 3, 0, lambda buf, error: None, ())
+    assert fake.ctx_queries == 1 and fake.pushed == []  # not retried: the right context was current
 
 
 def test_kernels_are_fetched_in_the_devices_primary_context(fake):
