@@ -53,3 +53,16 @@ __device__ __forceinline__ void ng_report(i64* err, int code, i64 a, i64 b, i64 
         err[3] = c;
     }
 }
+
+// A read-only load issued here, in program order. The compiler may sink a plain load whose
+// value one branch alone uses into that branch, that is after the loads it was meant to
+// overlap; a volatile asm statement is not moved.
+__device__ __forceinline__ int ng_ldg_now(const int* p) {
+#ifdef __CUDA_ARCH__
+    int v;
+    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}

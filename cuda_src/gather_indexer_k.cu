@@ -181,7 +181,15 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
 // Tiny calls (a few thousand rows at most: latency is all there is): one warp per row,
 // NG_THREADS / 32 rows per block, no shared memory and no barrier. Each warp searches
 // cu_seq_lens for its row (the total loaded alongside), then loads its block_table entry,
-// then copies the row: three dependent DRAM round trips, as few as the bytes allow.
+// then copies the row. With at most 32 requests (one search level), the lanes also load a
+// window of block_table alongside the search: the first W columns of every request, W = 32
+// / batch rounded down to a power of two (lane L: request L / W, column L % W). A row whose
+// column is below W (with one request: below 32) takes its entry from a lane, so its bytes
+// are two dependent DRAM round trips away instead of three.
+// Between those trips every instruction is latency, and each taken branch measured more
+// than straight-line arithmetic (benchmarks/NOTES.md, v13): the checks are folded into one
+// branch, and the division by block_size is the plain one (straight-line) rather than
+// FastDiv's shift-or-divide branch.
 template <int KVEC>
 __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     typedef typename Vec<KVEC>::T V;
@@ -192,22 +200,40 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     const int row = (int)urow;
     const i32* cu = p.cu_seq_lens;
     const int total = __ldg(cu + p.batch);
-    const int r = warp_find_request(cu, p.batch, row);
+    // At most 32 requests: the window (ng_ldg_now: issued here, not where it is used), and the
+    // search's one level written out (warp_find_request's loop costs a branch per level).
+    // wlog = log2(W), -1 without a window.
+    const int wlog = p.batch <= 32 ? 5 - (32 - __clz(p.batch - 1)) : -1;
+    int window = -1, r;
+    if (wlog >= 0) {
+        const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
+        if (k < p.batch && c < p.max_blocks) window = ng_ldg_now(p.block_table + (i64)k * p.bt_row_stride + c);
+        const u32 m = __ballot_sync(0xffffffffu, lane < p.batch && __ldg(cu + lane) <= row);
+        r = m ? 31 - __clz(m) : 0;  // as warp_find_request: the last start <= row, else 0
+    } else {
+        r = warp_find_request(cu, p.batch, row);
+    }
     const int start = __ldg(cu + r);  // in L1: the search just loaded this line
     const int stop = __ldg(cu + r + 1);
-    if (!(start <= row && row < stop)) {
-        if (row < total && lane == 0) ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);
-        return;
-    }
-    const u32 pos = (u32)row - (u32)start;  // exact: start <= row
-    const u32 j = udiv(FastDiv(p.block_size), pos);
-    if (j >= (u32)p.max_blocks) {
-        if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
-        return;
-    }
-    const int b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
-    if (b < 0 || b >= p.num_blocks) {
-        if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
+    const u32 pos = (u32)row - (u32)start;  // exact where owned (start <= row)
+    const u32 j = pos / (u32)p.block_size;
+    const bool owned = start <= row && row < stop;
+    const bool in_table = j < (u32)p.max_blocks;
+    const bool in_window = wlog >= 0 && j < (1u << wlog);
+    // Every lane shuffles (the warp has one row, so this is uniform); the lane index is
+    // only meaningful, and the value only used, inside the window.
+    int b = __shfl_sync(0xffffffffu, window, (int)((((u32)r << (wlog & 31)) | j) & 31u));
+    if (!in_window && owned && in_table) b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+    if (!(owned && in_table && b >= 0 && b < p.num_blocks)) {  // skip the row; say why in debug mode
+        if (lane == 0) {
+            if (!owned) {
+                if (row < total) ng_report(p.error, NG_ERR_ROW_UNOWNED, row, r, 0);  // past the total: untouched tail
+            } else if (!in_table) {
+                ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
+            } else {
+                ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
+            }
+        }
         return;
     }
     const int2 loc = make_int2(b, (int)(pos - j * (u32)p.block_size));

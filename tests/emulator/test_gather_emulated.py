@@ -59,6 +59,19 @@ def test_matches_reference(build, batch):
         check(dll, case, tpc)
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 8, 9, 16, 17, 31, 32, 33])
+def test_tiny_kernel_block_table_window(build, batch):
+    """The tiny kernel's block_table window (at most 32 requests; 32 / batch columns each,
+    rounded down to a power of two): small block sizes put rows on both sides of it, so
+    entries come from the window's lanes and from the row's own load; strided tables too."""
+    _, dll = build
+    rng = random.Random(f"window-{batch}")
+    for bs in (1, 4, 16):
+        case = make_gather_case(rng, block_size=bs, head_dim=64, quant_block_size=32, batch=batch,
+                                max_len=max(2, 300 // batch), strided=bool(batch % 2))
+        check(dll, case, 8)
+
+
 def test_one_long_request_over_many_blocks(build):
     _, dll = build
     rng = random.Random(3)

@@ -126,6 +126,18 @@ def _check_against_torch_path(args):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 16, 17, 32, 33])
+@pytest.mark.parametrize("bs", [1, 4, 16, 64])
+def test_tiny_kernel_block_table_window(batch, bs, monkeypatch):
+    """The tiny kernel (forced: 8 rows per block) takes a row's block_table entry from the
+    window its lanes load with cu_seq_lens when the row's column is inside it, and loads it
+    otherwise; both match the reference, strided tables included."""
+    _force_rows_per_block(monkeypatch, 8)
+    rng = random.Random(batch * 100 + bs)
+    _run_and_compare(make_gather_case(rng, block_size=bs, head_dim=128, quant_block_size=128, batch=batch,
+                                      max_len=rng.choice([3, 70, 700]), strided=bool(bs % 2)))
+
+
 def test_one_request_of_131072_tokens():
     _check_against_torch_path(_device_case([131072], seed=1))
 

@@ -136,6 +136,16 @@ static unsigned int __shfl_xor_sync(unsigned int mask, unsigned int v, int lane_
     return r;
 }
 
+static int __shfl_sync(unsigned int mask, int v, int src_lane) {
+    if (mask != 0xffffffffu) throw "only full-warp shuffles are emulated";
+    const unsigned int t = threadIdx.x, warp = t / 32;
+    emu_block->lanes[t] = (unsigned int)v;
+    emu_block->warps[warp]->arrive_and_wait();
+    const int r = (int)emu_block->lanes[(t & ~31u) | ((unsigned int)src_lane & 31u)];
+    emu_block->warps[warp]->arrive_and_wait();
+    return r;
+}
+
 static unsigned int __ballot_sync(unsigned int mask, bool pred) {
     if (mask != 0xffffffffu) throw "only full-warp ballots are emulated";
     const unsigned int t = threadIdx.x, warp = t / 32;
