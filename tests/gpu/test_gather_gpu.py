@@ -125,7 +125,6 @@ def _check_against_torch_path(args):
     assert not bool((dst_k.view(torch.uint8)[:total] == SENTINEL).all(dim=1).any())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 16, 17, 32, 33])
 @pytest.mark.parametrize("bs", [1, 4, 16, 64])
 def test_tiny_kernel_block_table_window(batch, bs, monkeypatch):
@@ -138,6 +137,7 @@ def test_tiny_kernel_block_table_window(batch, bs, monkeypatch):
                                       max_len=rng.choice([3, 70, 700]), strided=bool(bs % 2)))
 
 
+@pytest.mark.slow
 def test_one_request_of_131072_tokens():
     _check_against_torch_path(_device_case([131072], seed=1))
 
