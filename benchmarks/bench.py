@@ -55,6 +55,7 @@ def variant_from_source(path: str) -> KernelModule:
     src = Path(path).resolve()
     return dataclasses.replace(GATHER, name=f"variant_{src.stem}", source=src.name, source_dir=str(src.parent))
 
+
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 NQ = HEAD_DIM // QBS
 BYTES_PER_TOKEN = HEAD_DIM + 4 * NQ  # 132 read + 132 written per token
