@@ -24,8 +24,9 @@ VARIABLES = {
     DISABLE_CACHE_ENV: "boolean: keep kernels in memory only",
     DISABLE_JIT_ENV: "boolean: never compile; a kernel missing from the cache raises JitDisabledError",
     DEBUG_ENV: "boolean: kernels check their indices, the op raises on bad ones (one sync per call)",
-    VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's indexer-cache ops (integrations/vllm.py)",
-    VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces: gather, quant (default both)",
+    VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's cache ops (integrations/vllm.py)",
+    VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces, comma-separated: gather, quant, mla_write, mla_gather "
+                  "(default all four)",
 }
 BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV, VLLM_ENV)
 _DEFAULT_ON = (VLLM_ENV,)

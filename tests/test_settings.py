@@ -113,6 +113,18 @@ def test_describe_lists_every_variable_and_flags_bad_values(monkeypatch):
     assert "typo" in rows["NVRTC_GATHER_DISABLE_JTI"]
 
 
+def test_the_vllm_ops_variable_names_every_op_the_plugin_can_replace():
+    """``nvrtc-gather info`` describes NVRTC_GATHER_VLLM_OPS from this text: it must name every
+    short name the variable accepts (integrations/activation.py), and no other."""
+    import re
+
+    from nvrtc_gather.integrations import activation
+
+    text = settings.VARIABLES[settings.VLLM_OPS_ENV]
+    listed = re.findall(r"\b(?:gather|quant|mla_write|mla_gather)\b", text.split(":", 1)[1])
+    assert set(listed) == set(activation.SHORT_NAMES) and len(listed) == len(activation.SHORT_NAMES)
+
+
 def test_nothing_is_printed_when_the_application_configured_no_logging(tmp_path):
     """The cache-fallback warning must not reach stderr through logging's last-resort handler."""
     code = ("from nvrtc_gather.jit import build, compiler\nfrom nvrtc_gather.kernels import gather as gather_kernels\n"
