@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -207,10 +208,29 @@ def sweep_tokens_per_cta(values: list[int], reps: int, variants: tuple = ()) -> 
     return out
 
 
-def _metadata_reads(*tensors):
+def metadata_reads(*tensors):
     """Only the tensor attribute reads validation cannot avoid: its floor."""
     return [(isinstance(t, torch.Tensor), t.dtype, t.shape, t.stride(), t.data_ptr(), t.get_device(), t.is_cuda)
             for t in tensors]
+
+
+def raw_gather_launch(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> types.SimpleNamespace:
+    """The op's launch of this call as raw driver arguments, on a parameter buffer of our own:
+    what a launch costs below the op (``raw.launch_ex(cfg_addr, function, params_addr, None)``).
+    Fields: raw, function, grid, stream, pack, buf, cfg, cfg_addr, params, params_addr (the
+    ctypes objects the addresses point into live as long as the namespace)."""
+    dev = torch.cuda.current_device()
+    name, grid, fields = gather.launch_config(gather.plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens))
+    stream = runtime.current_stream(dev)
+    function = runtime.load(GATHER, dev, stream).functions[name]
+    buf = ctypes.create_string_buffer(gather_kernels.PARAMS.layout.size)
+    pack = gather_kernels.PARAMS.packer(**fields)
+    pack(buf, 0)
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    cfg = driver.LaunchConfig(grid, 1, 1, GATHER.threads, 1, 1, 0, stream, None, 0)
+    return types.SimpleNamespace(raw=driver.raw(), function=function, grid=grid, stream=stream, pack=pack, buf=buf,
+                                 cfg=cfg, cfg_addr=ctypes.addressof(cfg), params=params,
+                                 params_addr=ctypes.addressof(params))
 
 
 def host_cost(calls: int = 10000) -> dict:
@@ -232,21 +252,10 @@ def host_cost(calls: int = 10000) -> dict:
     vllm_ops = torch.ops._C_cache_ops
 
     dev = torch.cuda.current_device()
-    plan = gather.plan_gather(*args)
-    name, grid, fields = gather.launch_config(plan)
-    stream = runtime.current_stream(dev)
-    fn = runtime.load(GATHER, dev, stream).functions[name]
-    # The raw driver calls, on a parameter buffer of our own, for the floor of a launch.
-    raw = driver.raw()
-    params_struct = gather_kernels.PARAMS
-    buf = ctypes.create_string_buffer(params_struct.layout.size)
-    pack = params_struct.packer(**fields)
-    pack(buf, error=0)
-    params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    r = raw_gather_launch(*args)
+    raw = r.raw
     cur = ctypes.c_void_p()
     cur_ref = ctypes.byref(cur)
-    cfg = driver.LaunchConfig(grid, 1, 1, GATHER.threads, 1, 1, 0, stream, None, 0)
-    cfg_addr = ctypes.addressof(cfg)
     from bench_mla import HOST_KEYS as MLA_HOST_KEYS, mla_host_calls
     out = host_costs({
         "torch_copy_us": (a.copy_, (b,)),
@@ -257,11 +266,11 @@ def host_cost(calls: int = 10000) -> dict:
         "gather_vllm_op_us": (vllm_ops.cp_gather_indexer_k_quant_cache, args),
         "write_vllm_op_us": (vllm_ops.indexer_k_quant_and_cache, qargs),
         "gather_full_checks_us": (gather.plan_gather, args),
-        "metadata_reads_us": (_metadata_reads, args),
+        "metadata_reads_us": (metadata_reads, args),
         "current_stream_us": (runtime.current_stream, (dev,)),
-        "raw_cuLaunchKernelEx_us": (raw.launch_ex, (cfg_addr, fn, params, None)),
+        "raw_cuLaunchKernelEx_us": (raw.launch_ex, (r.cfg_addr, r.function, r.params_addr, None)),
         "cuCtxGetCurrent_us": (raw.ctx_get_current, (cur_ref,)),
-        "pack_us": (lambda: pack(buf, error=0), ()),
+        "pack_us": (lambda: r.pack(r.buf, 0), ()),
         **mla_host_calls(),  # the MLA-cache ops, beside the same yardstick
     }, calls)
     out["calls"] = calls

@@ -9,14 +9,12 @@ the same run, is the local yardstick.
 
     python benchmarks/host_overhead_cpu.py [--calls 20000] [--rounds 5]
 
-Each entry point is timed as the median of single calls (in bursts of 250), ``--rounds``
-times, interleaved with the others; the lowest median is printed."""
+Each entry point is timed as the median of single calls by timing.host_costs (bursts of 250,
+interleaved with the other entries), ``--rounds`` times; the lowest median is printed."""
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,12 +26,13 @@ import nvrtc_gather  # noqa: E402
 from nvrtc_gather.integrations import vllm as vllm_adapter  # noqa: E402
 from nvrtc_gather.jit import driver, runtime, spec as jit_spec  # noqa: E402
 from nvrtc_gather.ops import gather, indexer_k_quant  # noqa: E402
+from bench import metadata_reads  # noqa: E402  (the floor bench.py measures on the GPU host)
+from timing import host_costs  # noqa: E402
 
 
 class NoopDriver:
-    """The raw entry points the launcher calls, doing nothing. The current context stays the
-    launcher's slot as created (None), which is what primary_context returns below, so every
-    launch takes the usual branch (no push)."""
+    """The raw entry points the launcher calls, doing nothing. Every launch succeeds, so the
+    launcher never asks for the current context (it does only when a launch is refused)."""
 
     def __init__(self):
         self.launches = 0
@@ -61,25 +60,6 @@ def install_fake_driver() -> NoopDriver:
     gather.plan_gather = lambda *a: real_gather(*a)._replace(device=0, tokens_per_cta=8)
     indexer_k_quant.plan_quant = lambda *a: real_quant(*a)._replace(device=0)
     return fake
-
-
-def per_call(fn, args, calls: int, burst: int = 250) -> float:
-    """Median µs of single calls of ``fn(*args)``."""
-    for _ in range(200):
-        fn(*args)
-    t = []
-    clock = time.perf_counter_ns
-    while len(t) < calls:
-        for _ in range(burst):
-            t0 = clock()
-            fn(*args)
-            t.append(clock() - t0)
-    return statistics.median(t) / 1000.0
-
-
-def _metadata_reads(*tensors):
-    """What the fast path cannot avoid reading per tensor (its key and data pointer)."""
-    return [(t.device, t.dtype, t.shape, t.stride(), t.data_ptr()) for t in tensors]
 
 
 def main() -> None:
@@ -115,7 +95,7 @@ def main() -> None:
         "torch.ops._C_cache_ops, vLLM adapter (gather)": (vllm_ops.cp_gather_indexer_k_quant_cache, gargs),
         "torch.ops._C_cache_ops, vLLM adapter (write)": (vllm_ops.indexer_k_quant_and_cache, qargs),
         "full checks (plan_gather)": (real_plan_gather, gargs),
-        "floor: metadata reads, 5 tensors": (_metadata_reads, gargs),
+        "floor: metadata reads, 5 tensors": (metadata_reads, gargs),
     }
     # Every op entry point must launch once per call through the fast path (its layout was
     # validated by the first call); check that before timing.
@@ -127,8 +107,8 @@ def main() -> None:
             assert fake.launches == before + 1, f"{name}: no launch"
     best = dict.fromkeys(entries, float("inf"))
     for _ in range(opts.rounds):
-        for name, (fn, args) in entries.items():
-            best[name] = min(best[name], per_call(fn, args, opts.calls))
+        for name, us in host_costs(entries, opts.calls, sync=lambda: None).items():
+            best[name] = min(best[name], us)
     copy_us = best["torch copy_ (1 KiB, CPU)"]
     print(f"nvrtc_gather from {Path(nvrtc_gather.__file__).parent}")
     print(f"CPU fake-driver host cost, µs per call (lowest median of {opts.rounds} rounds x {opts.calls} calls)")

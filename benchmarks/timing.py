@@ -63,18 +63,19 @@ def summarize(row: dict, samples: dict[str, list[float]]) -> None:
         row[f"{k}_spread_us"] = [round(q[0], 2), round(q[-1], 2)]
 
 
-def host_costs(calls: dict, per_fn: int = 10000, burst: int = 250) -> dict[str, float]:
+def host_costs(calls: dict, per_fn: int = 10000, burst: int = 250, sync=torch.cuda.synchronize) -> dict[str, float]:
     """Median µs of single calls (host cost) of each ``name: (fn, args)``, in bursts of
-    ``burst`` calls with an untimed sync after each, so the GPU's launch queue never fills (a
-    full queue would make the host wait for the GPU and measure kernel time instead). The
-    bursts of all functions are interleaved in a rotating order, ``per_fn`` calls each in all:
-    the host's speed drifts by tens of percent within minutes, and interleaving makes every
-    function (the yardstick included) see the same drift, so their ratios hold."""
+    ``burst`` calls with an untimed ``sync()`` after each, so the GPU's launch queue never fills
+    (a full queue would make the host wait for the GPU and measure kernel time instead;
+    host_overhead_cpu.py, with no GPU, passes a no-op). The bursts of all functions are
+    interleaved in a rotating order, ``per_fn`` calls each in all: the host's speed drifts by
+    tens of percent within minutes, and interleaving makes every function (the yardstick
+    included) see the same drift, so their ratios hold."""
     names = list(calls)
     for fn, fargs in calls.values():
         for _ in range(200):
             fn(*fargs)
-    torch.cuda.synchronize()
+    sync()
     t = {k: [] for k in names}
     clock = time.perf_counter_ns
     for i in range(-(-per_fn // burst)):
@@ -85,5 +86,5 @@ def host_costs(calls: dict, per_fn: int = 10000, burst: int = 250) -> dict[str, 
                 t0 = clock()
                 fn(*fargs)
                 ts.append(clock() - t0)
-            torch.cuda.synchronize()
+            sync()
     return {k: statistics.median(xs) / 1000.0 for k, xs in t.items()}
