@@ -95,13 +95,20 @@ def disk_cache_enabled() -> bool:
 _DEBUG_KEY = os.environ.encodekey(DEBUG_ENV) if hasattr(os.environ, "encodekey") else None
 
 
+def debug_unset_test() -> tuple:
+    """``(data, key)``: while ``data is not None and key not in data``, NVRTC_GATHER_DEBUG is
+    unset and debug_enabled() is False. The launcher binds the pair once and tests it inline
+    on every launch (a Python call less); ``data`` is None where os.environ has no such dict."""
+    return getattr(os.environ, "_data", None), _DEBUG_KEY
+
+
 def debug_enabled() -> bool:
     """NVRTC_GATHER_DEBUG=1: GPU kernels check their indices and the op raises on bad ones.
     This synchronises with the device after each call; for debugging only.
     Read on every op call, so the usual case (unset) is one lookup in os.environ's own dict:
     os.environ.get raises and catches a KeyError inside for an unset variable (~1 µs)."""
-    data = getattr(os.environ, "_data", None)
-    if data is not None and _DEBUG_KEY not in data:
+    data, key = debug_unset_test()
+    if data is not None and key not in data:
         return False
     value = os.environ.get(DEBUG_ENV)
     return bool(value) and parse_flag(DEBUG_ENV, value)
