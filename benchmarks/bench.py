@@ -52,7 +52,9 @@ GATHER_VARIANTS = (GATHER_CONTROL,)
 
 def variant_from_source(path: str) -> KernelModule:
     """A build of another gather source file (say, the previous version, saved beside the
-    checkout) with the op's entry points, timed beside the op with --gather-variant-source."""
+    checkout) with the op's entry points, timed beside the op with --gather-variant-source.
+    A file named ``diag_*`` is a timing-only diagnostic (say, the kernel without its index
+    loads): timed, not checked, since it is no correct gather."""
     src = Path(path).resolve()
     return dataclasses.replace(GATHER, name=f"variant_{src.stem}", source=src.name, source_dir=str(src.parent))
 
@@ -139,12 +141,12 @@ def _baseline(w: Workload, k, s):
                                                           stream, pack)
 
 
-def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> list[dict]:
-    """One row per workload; ``variants`` (benchmark builds of GATHER) are checked and timed
-    interleaved with the op, as ``<name>_us``."""
+def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = (), workloads=WORKLOADS) -> list[dict]:
+    """One row per workload; ``variants`` (benchmark builds of GATHER) are checked (but
+    diagnostics) and timed interleaved with the op, as ``<name>_us``."""
     l2, flush = l2_bytes(), flush_buffer()
     rows = []
-    for batch, mean in WORKLOADS:
+    for batch, mean in workloads:
         w = Workload(batch, mean, l2, seed=batch * 7 + mean)
         ref_k, ref_s = w.outputs()
         _torch_path(w, ref_k, ref_s)
@@ -163,6 +165,8 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = ()) -> lis
             k, s = outs[name] = w.outputs()
             impl(k, s)
             torch.cuda.synchronize()
+            if name.startswith("variant_diag_"):
+                continue
             if not (torch.equal(k.view(torch.uint8), ref_k.view(torch.uint8)) and torch.equal(s, ref_s)):
                 raise AssertionError(f"{name} is not bit-exact against the torch path on {w.name}")
         src = torch.randint(0, 256, (w.tokens * BYTES_PER_TOKEN,), dtype=torch.uint8, device="cuda")
@@ -354,10 +358,12 @@ def markdown(result: dict) -> str:
                    f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} | {r['baseline_us']:.1f} | {r['torch_us']:.0f} | {loop} | "
                    f"{spread(r, 'copy')} | {spread(r, 'op')} | {spread(r, 'baseline')} |")
     if result.get("quant_workloads"):
-        out += ["", "| write op workload | tokens | MB moved | copy | op | op / copy |", "| --- | --- | --- | --- | --- | --- |"]
+        out += ["", "| write op workload | tokens | MB moved | copy | op | op / copy | shape | usual shape | "
+                "small shape | torch bf16 -> fp8 cast |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in result["quant_workloads"]:
             out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
-                       f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} |")
+                       f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} | {r['shape']} | {r['shape_usual_us']:.1f} | "
+                       f"{r['shape_small_us']:.1f} | {r['cast_us']:.1f} |")
     if result.get("mla_gather_workloads") or result.get("mla_write_workloads"):
         from bench_mla import markdown_tables
         out += markdown_tables(result)
@@ -426,6 +432,9 @@ def main(argv=None) -> int:
                     help="also check and time the benchmark builds of the gather kernel (GATHER_VARIANTS)")
     ap.add_argument("--gather-variant-source", action="append", default=[], metavar="FILE",
                     help="also check and time a build of this gather source (repeatable)")
+    ap.add_argument("--workloads", default="",
+                    help="comma-separated gather workloads (BATCHxMEAN, say 1x131072,8x100) instead of all; "
+                         "for experiments, not the record")
     ap.add_argument("--tag", default="", help="label stored in the JSON (e.g. the kernel version)")
     ap.add_argument("--host-cost-only", action="store_true", help="only the host cost per call (host_cost.json)")
     args = ap.parse_args(argv)
@@ -443,7 +452,9 @@ def main(argv=None) -> int:
     print(HEADER)
     variants = (GATHER_VARIANTS if args.gather_variants else ()) + tuple(
         variant_from_source(f) for f in args.gather_variant_source)
-    rows = bench_workloads(args.reps, args.loop_max_batch, variants)
+    workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")] if args.workloads \
+        else WORKLOADS
+    rows = bench_workloads(args.reps, args.loop_max_batch, variants, workloads)
     host = host_cost()
     print(f"host cost per call (median of {host['calls']}), µs: " + ", ".join(
         f"{k[:-3]} {v:.2f}" + (f" ({host[k[:-3] + '_over_copy']}x copy_)" if k[:-3] + "_over_copy" in host else "")
@@ -452,10 +463,11 @@ def main(argv=None) -> int:
     if not args.skip_quant:
         from bench_quant import bench_quant
         print(f"{'write op':>36} {'tokens':>9} {'copy us':>10} {'op us':>10} {'op/cp':>7}")
-        quant = bench_quant(args.reps, flush_buffer(), time_gpu)
+        quant = bench_quant(args.reps, flush_buffer())
         for r in quant:
             print(f"{r['workload']:>36} {r['tokens']:>9} {r['copy_us']:10.1f} {r['op_us']:10.1f} "
-                  f"{r['op_over_copy']:6.2f}x", flush=True)
+                  f"{r['op_over_copy']:6.2f}x  (shape {r['shape']}; usual {r['shape_usual_us']:.1f}, "
+                  f"small {r['shape_small_us']:.1f}; torch's bf16 -> fp8 cast {r['cast_us']:.1f})", flush=True)
     mla_gathers, mla_writes = [], []
     if not args.skip_mla:
         import bench_mla

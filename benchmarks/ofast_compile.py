@@ -23,7 +23,7 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 def main() -> int:
     flush = timing.flush_buffer()
     for dt, dtype in DTYPES.items():
-        op_module = quant_kernels.MODULES[dt, 16]  # the workloads are 16-byte aligned
+        op_module = quant_kernels.MODULES[dt, 16, ""]  # the workloads are 16-byte aligned; the usual shape
         fast = dataclasses.replace(op_module, name=op_module.name + "_ofc", options=op_module.options + ("--Ofast-compile=max",))
         for tokens, pattern, fmt in ((16384, "paged", "ue8m0"), (1 << 20, "paged", "ue8m0"),
                                      (1 << 20, "scattered", "fp8_e4m3"), (131072, "scattered", "ue8m0")):
@@ -34,8 +34,8 @@ def main() -> int:
             slots = _slots(tokens, num_blocks, pattern, gen)
             mag = torch.pow(10.0, torch.empty(tokens, 1, device="cuda").uniform_(-6, 4, generator=gen))
             k = (torch.randn(tokens, HEAD_DIM, device="cuda", generator=gen) * mag).to(dtype)
-            a = indexer_k_quant.prepared(k, kv, slots, QBS, fmt)
-            b = indexer_k_quant.prepared(k, kv2, slots, QBS, fmt, module=fast)
+            a = indexer_k_quant.prepared(k, kv, slots, QBS, fmt, shape="")
+            b = indexer_k_quant.prepared(k, kv2, slots, QBS, fmt, module=fast, shape="")
             a()
             b()
             torch.cuda.synchronize()

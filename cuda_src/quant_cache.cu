@@ -4,9 +4,11 @@
 // Vector kernels (quant_cache_<type>_v16 / _v8), picked by the host when k's alignment and
 // the sizes allow: a lane owns NV adjacent VB-byte vectors of a token (ELEMS elements), a
 // token takes head_dim / ELEMS lanes, a block covers tokens_per_pass tokens per pass and
-// makes NG_QUNROLL / NV passes with all their loads issued first (bytes in flight). NV = 2
+// makes UNROLL / NV passes with all their loads issued first (bytes in flight). NV = 2
 // whenever that keeps the host's layout (power-of-two lanes per token, an even number of
-// vectors per quant block: the same NG_QUNROLL * tokens_per_pass tokens per block), else 1.
+// vectors per quant block: the same UNROLL * tokens_per_pass tokens per block), else 1.
+// UNROLL (tokens per lane) is the entry point's: 4, or 2 for calls of less than a wave
+// (nvrtc_gather/kernels/indexer_k_quant.py: SHAPES).
 // A quant block's amax: xor shuffles inside the largest power-of-two group of lanes that
 // divides its lane count, then, only when the quant block is wider than that group,
 // shared-memory atomicMax across the groups.
@@ -39,12 +41,6 @@
 #include "fp8_e4m3.cuh"
 #include "half_bits.cuh"
 #include "scale_math.cuh"
-
-// Tokens per lane of the vector kernels (a block covers NG_QUNROLL * tokens_per_pass tokens):
-// -DNG_QUNROLL from the spec, nvrtc_gather/kernels/indexer_k_quant.py (UNROLL).
-#ifndef NG_QUNROLL
-#error "NG_QUNROLL is set by the module's spec (-DNG_QUNROLL)"
-#endif
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 __device__ __forceinline__ u32 ng_vmaxu2(u32 a, u32 b) { return __vmaxu2(a, b); }
@@ -280,15 +276,16 @@ __device__ __forceinline__ void ng_write_passes(const QuantParams& p, const Pass
     }
 }
 
-// The vector kernels' body for NV vectors (VB bytes each, adjacent) per lane; see the top.
-template <typename T, int VB, int NV>
+// The vector kernels' body for NV vectors (VB bytes each, adjacent) per lane, UNROLL tokens
+// per lane; see the top.
+template <typename T, int VB, int NV, int UNROLL>
 __device__ __forceinline__ void quant_vec_impl(const QuantParams& p) {
     typedef typename Vec<VB>::T V;
     typedef Load<T> L;
     enum {
         NW = NV * VB / 4,           // words of k per lane and pass
         ELEMS = NV * VB / T::SIZE,  // elements per lane and pass
-        U = NG_QUNROLL / NV,        // passes: NG_QUNROLL * tokens_per_pass tokens per block for any NV
+        U = UNROLL / NV,            // passes: UNROLL * tokens_per_pass tokens per block for any NV
         NK = (U + L::KEYS - 1) / L::KEYS
     };
     __shared__ u32 s_amax[U][NG_THREADS];
@@ -389,16 +386,16 @@ __device__ __forceinline__ void quant_vec_impl(const QuantParams& p) {
 // count (slot split, addresses, scale, shuffles), and give 16-byte stores for 2-byte types.
 // Taken when it keeps the host's layout: a power-of-two lane count (so tokens per pass
 // exactly doubles: the same tokens per block) and quant blocks of an even number of vectors.
-template <typename T, int VB>
+template <typename T, int VB, int UNROLL>
 __device__ __forceinline__ void quant_vec(const QuantParams& p) {
-#if NG_QUNROLL % 2 == 0
-    const u32 lanes = (u32)p.head_dim / (VB / T::SIZE), qlanes = (u32)p.quant_block_size / (VB / T::SIZE);
-    if (lanes >= 2 && (lanes & (lanes - 1)) == 0 && qlanes % 2 == 0) {
-        quant_vec_impl<T, VB, 2>(p);
-        return;
+    if constexpr (UNROLL % 2 == 0) {  // else U = UNROLL / 2 would not be whole
+        const u32 lanes = (u32)p.head_dim / (VB / T::SIZE), qlanes = (u32)p.quant_block_size / (VB / T::SIZE);
+        if (lanes >= 2 && (lanes & (lanes - 1)) == 0 && qlanes % 2 == 0) {
+            quant_vec_impl<T, VB, 2, UNROLL>(p);
+            return;
+        }
     }
-#endif
-    quant_vec_impl<T, VB, 1>(p);
+    quant_vec_impl<T, VB, 1, UNROLL>(p);
 }
 
 template <typename T>
@@ -432,5 +429,5 @@ __device__ __forceinline__ void quant_any(const QuantParams& p) {
 }
 
 // Entry points: none here. Each module's spec (nvrtc_gather/kernels/indexer_k_quant.py) names
-// its entry points and the body each runs (quant_vec<Bf16, 16>, quant_any<F32>, ...); the JIT
+// its entry points and the body each runs (quant_vec<Bf16, 16, 4>, quant_any<F32>, ...); the JIT
 // appends one extern "C" wrapper per entry (jit/spec.py), so a module holds only its own.

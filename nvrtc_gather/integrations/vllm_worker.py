@@ -56,7 +56,7 @@ def modules_for(ops, dtype: torch.dtype | None = None) -> tuple:
         mods += gather_kernels.MODULES.values()
     if activation.QUANT in ops:
         want = TYPE_NAMES.get(dtype)
-        mods += [m for (dt, _), m in quant_kernels.MODULES.items() if want in (None, dt)]
+        mods += [m for (dt, *_), m in quant_kernels.MODULES.items() if want in (None, dt)]
     if activation.MLA_WRITE in ops:
         want = MLA_TYPE_NAMES.get(dtype)
         mods += [m for dt, m in mla_kernels.DS_MODULES.items() if want in (None, dt)]

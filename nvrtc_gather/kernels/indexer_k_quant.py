@@ -1,12 +1,16 @@
 """The write family (cuda_src/quant_cache.cu, indexer_k_quant_and_cache): its parameter
-struct, one module per (k dtype, vector width), the entry points, and the policy that picks
-the vector width and grid of a call. Torch-free."""
+struct, one module per (k dtype, vector width, shape), the entry points, and the policy that
+picks the vector width, shape and grid of a call. Torch-free."""
 from __future__ import annotations
 
 from ..jit.spec import Entry, KernelModule, ParamStruct, register
 
 THREADS = 256
-UNROLL = 4  # tokens per lane of the vector kernels (-DNG_QUNROLL): a block covers UNROLL * tokens_per_pass
+# Tokens per lane of the vector kernels by shape (a block covers unroll * tokens_per_pass tokens,
+# all its loads issued at once). "small": calls of less than a wave (shape_for), where more,
+# smaller blocks start sooner (benchmarks/NOTES.md, v14).
+SHAPES = {"": 4, "small": 2}
+SMALL_CALL_BLOCKS_PER_SM = 4  # blocks of 256 threads at 64 registers an SM holds: one wave
 PARAMS = ParamStruct("QuantParams", (
     ("k", "ptr"), ("slot_mapping", "ptr"), ("kv_cache", "ptr"),
     ("k_row_stride", "i64"), ("block_stride", "i64"), ("num_slots", "i64"),
@@ -18,29 +22,35 @@ K_TYPES = {"bf16": ("Bf16", 2), "f16": ("F16", 2), "f32": ("F32", 4)}  # name ->
 VECTOR_WIDTHS = (16, 8, 0)  # bytes per k load; 0: the generic kernel (one thread per token and quant block)
 # --fmad=false: no a*b+c contraction; --ftz=false: subnormals kept (the default, made explicit).
 # Together they keep the kernel's fp32 arithmetic exactly the torch path's.
-OPTIONS = ("--fmad=false", "--ftz=false", f"-DNG_QUNROLL={UNROLL}")
+OPTIONS = ("--fmad=false", "--ftz=false")
 
 
-def entry_name(k_type: str, vec: int) -> str:
-    return f"quant_cache_{k_type}_{f'v{vec}' if vec else 'any'}"
+def entry_name(k_type: str, vec: int, shape: str = "") -> str:
+    return f"quant_cache_{k_type}_{f'v{vec}' if vec else 'any'}" + (f"_{shape}" if shape else "")
 
 
-def _body(k_type: str, vec: int) -> str:
+def _body(k_type: str, vec: int, shape: str) -> str:
     t = K_TYPES[k_type][0]
-    return f"quant_vec<{t}, {vec}>" if vec else f"quant_any<{t}>"
+    return f"quant_vec<{t}, {vec}, {SHAPES[shape]}>" if vec else f"quant_any<{t}>"
+
+
+def shapes(vec: int) -> tuple:
+    """The shapes of a vector width's kernels (the generic kernel has one)."""
+    return tuple(SHAPES) if vec else ("",)
 
 
 # One module per entry point: an engine writes one k dtype with one alignment, so its first
-# write compiles one ninth of the file.
-MODULES = {(k_type, vec): KernelModule(
-    name=entry_name(k_type, vec),
+# write compiles one entry point of the file (two entry points per module measured ~1.3 s on
+# the CI machine, one ~0.7 s).
+MODULES = {(k_type, vec, shape): KernelModule(
+    name=entry_name(k_type, vec, shape),
     source="quant_cache.cu",
-    entries=(Entry(entry_name(k_type, vec), _body(k_type, vec)),),
+    entries=(Entry(entry_name(k_type, vec, shape), _body(k_type, vec, shape)),),
     params=PARAMS,
     label="indexer_k_quant_and_cache",
     options=OPTIONS,
     threads=THREADS,
-) for k_type in K_TYPES for vec in VECTOR_WIDTHS}
+) for k_type in K_TYPES for vec in VECTOR_WIDTHS for shape in shapes(vec)}
 register(*MODULES.values())
 
 
@@ -60,8 +70,19 @@ def tokens_per_pass(vec: int, element_size: int, head_dim: int) -> int:
     return THREADS // (head_dim * element_size // vec) if vec else 0
 
 
-def grid(vec: int, num_tokens: int, tokens_per_pass_: int, head_dim: int, quant_block_size: int) -> int:
+def shape_for(vec: int, num_tokens: int, tokens_per_pass_: int, sm_count: int) -> str:
+    """"small" when the usual shape's blocks would not fill one wave of the GPU (at
+    SMALL_CALL_BLOCKS_PER_SM): twice as many blocks of half the tokens then finish sooner (1024
+    tokens: 5.3 against 5.6 µs on an H200); from a wave on the usual shape is as fast or faster
+    (1M tokens: 106 against 113 µs)."""
+    if vec and grid(vec, num_tokens, tokens_per_pass_, 0, 0) < SMALL_CALL_BLOCKS_PER_SM * sm_count:
+        return "small"
+    return ""
+
+
+def grid(vec: int, num_tokens: int, tokens_per_pass_: int, head_dim: int, quant_block_size: int,
+         shape: str = "") -> int:
     if vec:
-        per_block = UNROLL * tokens_per_pass_
+        per_block = SHAPES[shape] * tokens_per_pass_
         return (num_tokens + per_block - 1) // per_block
     return (num_tokens * (head_dim // quant_block_size) + THREADS - 1) // THREADS  # one thread per quant block

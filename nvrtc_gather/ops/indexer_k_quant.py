@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from ..kernels import indexer_k_quant as spec
+from ..jit import driver
 from . import checks, fake_checks, fast_path, library, paged_layout
 from .fast_path import Launch, LaunchConfig, LayoutMemo, layout_key3
 from .indexer_k_quant_torch import quant_torch
@@ -49,6 +50,7 @@ class QuantPlan(NamedTuple):
     ue8m0: bool
     vec: int                  # bytes per k load of the vector kernels; 0: the generic kernel
     tokens_per_pass: int      # vector kernels: tokens one pass of a block covers
+    sm_count: int             # the GPU's SMs (the kernel shape depends on them); 0 for CPU
     k_ptr: int
     slot_ptr: int
     kv_ptr: int
@@ -87,7 +89,7 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
         device=device, k_type=TYPE_NAMES[k.dtype], element_size=esize, num_tokens=num_tokens, head_dim=head_dim,
         quant_block_size=qbs, num_blocks=num_blocks, block_size=block_size, cache_stride=cache_stride,
         num_slots=num_blocks * block_size, block_stride=block_stride, k_row_stride=k.stride(0) * esize,
-        slot_stride=slot_mapping.stride(0), ue8m0=ue8m0, vec=0, tokens_per_pass=0,
+        slot_stride=slot_mapping.stride(0), ue8m0=ue8m0, vec=0, tokens_per_pass=0, sm_count=0,
         k_ptr=k.data_ptr(), slot_ptr=slot_mapping.data_ptr(), kv_ptr=kv_cache.data_ptr())
     checks.aligned("kv_cache", "data pointer", plan.kv_ptr)
     checks.aligned("kv_cache", "stride(0)", block_stride)
@@ -99,7 +101,8 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
             checks.disjoint({"kv_cache": (plan.kv_ptr, plan.kv_ptr + kv_n)},
                             {"k": (plan.k_ptr, plan.k_ptr + k_n), "slot_mapping": (plan.slot_ptr, plan.slot_ptr + sm_n)})
     vec = spec.vector_width(plan.k_ptr | _low_bits(plan), esize, head_dim, qbs)
-    return plan._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, esize, head_dim))
+    return plan._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, esize, head_dim),
+                         sm_count=driver.sm_count(device) if device >= 0 else 0)
 
 
 def _check_types(k, kv_cache, slot_mapping) -> None:
@@ -172,23 +175,33 @@ def struct_fields(p: QuantPlan) -> dict:
                 tokens_per_pass=p.tokens_per_pass, ue8m0=int(p.ue8m0))
 
 
-def launch_config(p: QuantPlan) -> LaunchConfig:
-    """The launch of a validated call with num_tokens > 0."""
-    return LaunchConfig(spec.entry_name(p.k_type, p.vec),
-                        spec.grid(p.vec, p.num_tokens, p.tokens_per_pass, p.head_dim, p.quant_block_size),
+def call_shape(p: QuantPlan, shape: str | None = None) -> str:
+    """The kernel shape of a validated call: spec.shape_for's choice, or ``shape`` ("" or
+    "small") forced on the vector kernels (the generic kernel has one shape, "")."""
+    if shape is None or not p.vec:
+        return spec.shape_for(p.vec, p.num_tokens, p.tokens_per_pass, p.sm_count)
+    return shape
+
+
+def launch_config(p: QuantPlan, shape: str | None = None) -> LaunchConfig:
+    """The launch of a validated call with num_tokens > 0, in call_shape(p, shape)."""
+    s = call_shape(p, shape)
+    return LaunchConfig(spec.entry_name(p.k_type, p.vec, s),
+                        spec.grid(p.vec, p.num_tokens, p.tokens_per_pass, p.head_dim, p.quant_block_size, s),
                         struct_fields(p))
 
 
-def _layout(p: QuantPlan, module=None) -> QuantLayout:
+def _layout(p: QuantPlan, module=None, shape: str | None = None) -> QuantLayout:
     """The layout of a GPU plan with tokens to write: a ready launch per vector width, from
-    the op's module for it (or from ``module``, another build holding the entry points)."""
+    the op's module for it (or from ``module``, another build holding the entry points), in
+    the call's shape (or in ``shape``, for the vector kernels)."""
     launches = {}
     for vec in spec.VECTOR_WIDTHS:
         if vec and spec.vector_width(vec, p.element_size, p.head_dim, p.quant_block_size) != vec:
             continue  # a width this layout never takes, whatever k's alignment
-        cfg = launch_config(p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size,
-                                                                                      p.head_dim)))
-        launches[vec] = Launch(module or spec.MODULES[p.k_type, vec], cfg.entry, cfg.grid,
+        pv = p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size, p.head_dim))
+        cfg = launch_config(pv, shape)
+        launches[vec] = Launch(module or spec.MODULES[p.k_type, vec, call_shape(pv, shape)], cfg.entry, cfg.grid,
                                spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     low_bits = _low_bits(p)
     widths = fast_path.widths_by_alignment(
@@ -247,12 +260,13 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         _layouts.remember(key, layout)
 
 
-def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=None):
+def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=None, shape=None):
     """The benchmark's and tests' hook: a no-argument function that runs this call (CUDA
     tensors) exactly as the op does, optionally with another build of the quant source
-    (``module``, holding the entry point the call needs)."""
+    (``module``, holding the entry point the call needs) or the vector kernels' other shape
+    (``shape``: "" or "small")."""
     plan = plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
-    layout = _layout(plan, module) if plan.num_tokens else None
+    layout = _layout(plan, module, shape) if plan.num_tokens else None
 
     def run(_keep=(k, kv_cache, slot_mapping)):  # the tensors outlive it
         if layout is not None:

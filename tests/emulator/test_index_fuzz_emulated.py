@@ -63,11 +63,11 @@ def quant_emu(tmp_path_factory):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
-def test_quant_slot_fuzz(quant_emu, dt, vec, debug):
-    cases = [quant_case(f"quant-{dt}-v{vec}-{kind}-{rep}", kind, dt, vec)
+@pytest.mark.parametrize("dt,vec,shape", QUANT_ENTRIES, ids=QUANT_IDS)
+def test_quant_slot_fuzz(quant_emu, dt, vec, shape, debug):
+    cases = [quant_case(f"quant-{dt}-v{vec}{'-' + shape if shape else ''}-{kind}-{rep}", kind, dt, vec, shape)
              for rep in range(QUANT_REPEATS) for kind in QUANT_KINDS]
-    outcomes = run_isolated(quant_emu, [quant_launch(c, dt, vec, debug) for c in cases])
+    outcomes = run_isolated(quant_emu, [quant_launch(c, dt, vec, debug, shape) for c in cases])
     for c, outcome in zip(cases, outcomes):
         check_quant(c, debug, outcome)
 

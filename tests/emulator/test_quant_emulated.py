@@ -27,21 +27,25 @@ def launch(dll, name, grid, fields, err_ptr=0):
     emu_launch(dll, quant_kernels.PARAMS, name, grid, fields, err_ptr)
 
 
-def run_kernel(dll, case, err=None):
-    """What the op does on a GPU, with the kernel run by the emulator."""
+def run_kernel(dll, case, err=None, shape=""):
+    """What the op does on a GPU, with the kernel (of ``shape``) run by the emulator."""
     plan = indexer_k_quant.plan_quant(*case.args())
     if plan.num_tokens:
-        launch(dll, *indexer_k_quant.launch_config(plan), 0 if err is None else err.data_ptr())
+        launch(dll, *indexer_k_quant.launch_config(plan, shape), 0 if err is None else err.data_ptr())
     return plan
 
 
 def check(dll, case, vec=None):
+    """The case in every shape of the vector kernels (the generic kernel has one)."""
     want = make_copy(case)
     quant_torch(indexer_k_quant.plan_quant(*want.args()), want.k, want.kv_cache, want.slot_mapping)
-    plan = run_kernel(dll, case)
-    if vec is not None:
-        assert plan.vec == vec, case.desc
-    assert torch.equal(case.kv_store, want.kv_store), case.desc + f" ({int((case.kv_store != want.kv_store).sum())} bytes differ)"
+    for shape in quant_kernels.SHAPES:
+        got = make_copy(case)
+        plan = run_kernel(dll, got, shape=shape)
+        if vec is not None:
+            assert plan.vec == vec, case.desc
+        assert torch.equal(got.kv_store, want.kv_store), \
+            f"{case.desc} (shape {shape!r}): {int((got.kv_store != want.kv_store).sum())} bytes differ"
 
 
 def make_copy(case):

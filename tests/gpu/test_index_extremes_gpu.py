@@ -69,20 +69,20 @@ def test_gather_extreme_indices(vec, shape, debug, monkeypatch):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("dt,vec", QUANT_ENTRIES, ids=QUANT_IDS)
-def test_quant_extreme_slots(dt, vec, debug, monkeypatch):
+@pytest.mark.parametrize("dt,vec,shape", QUANT_ENTRIES, ids=QUANT_IDS)
+def test_quant_extreme_slots(dt, vec, shape, debug, monkeypatch):
     _debug(monkeypatch, debug)
-    entry = quant_kernels.entry_name(dt, vec)
+    entry = quant_kernels.entry_name(dt, vec, shape)
     for kind in QUANT_KINDS:
         if kind.startswith("alias"):  # needs a cache the op's checks refuse (stride 0): emulator only
             continue
-        c = quant_case(f"gpu-quant-{dt}-v{vec}-{kind}", kind, dt, vec)
+        c = quant_case(f"gpu-quant-{dt}-v{vec}{'-' + shape if shape else ''}-{kind}", kind, dt, vec, shape)
         c.desc = c.describe(entry, debug)
         c.before = c.arena.bytes.clone()
         dev, (k, kv, sm) = _on_device(c)
         plan = indexer_k_quant.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
-        assert indexer_k_quant.launch_config(plan).entry == entry, c.desc
+        assert indexer_k_quant.launch_config(plan, shape).entry == entry, c.desc
         bad = any(s >= c.num_slots for s in c.slots)
-        _call(ng.indexer_k_quant_and_cache, (k, kv, sm, c.qbs, c.scale_fmt), debug and bad, c.desc)
+        _call(indexer_k_quant.prepared(k, kv, sm, c.qbs, c.scale_fmt, shape=shape), (), debug and bad, c.desc)
         c.arena.bytes.copy_(dev.cpu())
         check_quant(c, False, (0, 0, 0))

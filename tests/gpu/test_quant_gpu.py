@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
+from nvrtc_gather.kernels import indexer_k_quant as quant_kernels
 from nvrtc_gather.ops import indexer_k_quant
 from nvrtc_gather.ops.indexer_k_quant_torch import block_scales, quant_torch
 from helpers.builds import QUANT_SOFT_FP8
@@ -31,16 +32,21 @@ def _first_diffs(got, want, n=8):
 
 
 def check_gpu(case_cpu, expect_vec=None):
-    """The kernel on a GPU copy of the case against the torch path on the CPU original:
-    every byte of the cache store, guards and gaps included."""
-    g = case_cpu.to("cuda")
+    """The kernel on GPU copies of the case against the torch path on the CPU original: every
+    byte of the cache store, guards and gaps included. Three runs: the op (its own shape
+    choice), then the call forced to each shape of the vector kernels (spec.SHAPES)."""
+    runs = {"op": case_cpu.to("cuda"), **{f"shape {s!r}": case_cpu.to("cuda") for s in quant_kernels.SHAPES}}
     if expect_vec is not None:
-        assert indexer_k_quant.plan_quant(*g.args()).vec == expect_vec, case_cpu.desc
+        assert indexer_k_quant.plan_quant(*runs["op"].args()).vec == expect_vec, case_cpu.desc
     ng.indexer_k_quant_and_cache(*case_cpu.args())
-    ng.indexer_k_quant_and_cache(*g.args())
-    torch.cuda.synchronize()
-    got = g.kv_store.cpu()
-    assert torch.equal(got, case_cpu.kv_store), case_cpu.desc + ": " + _first_diffs(got, case_cpu.kv_store)
+    for name, g in runs.items():
+        if name == "op":
+            ng.indexer_k_quant_and_cache(*g.args())
+        else:
+            indexer_k_quant.prepared(*g.args(), shape=name[7:-1])()
+        torch.cuda.synchronize()
+        got = g.kv_store.cpu()
+        assert torch.equal(got, case_cpu.kv_store), f"{case_cpu.desc} ({name}): " + _first_diffs(got, case_cpu.kv_store)
 
 
 def _grid():

@@ -350,8 +350,9 @@ def check_gather(c: GatherFuzz, debug: bool, outcome) -> None:
 
 # --- the write op -----------------------------------------------------------------------------
 
-QUANT_ENTRIES = [(dt, vec) for dt in ("bf16", "f16", "f32") for vec in (16, 8, 0)]
-QUANT_IDS = [f"{dt}_v{vec}" if vec else f"{dt}_any" for dt, vec in QUANT_ENTRIES]
+QUANT_ENTRIES = [(dt, vec, shape) for dt in ("bf16", "f16", "f32") for vec in (16, 8, 0)
+                 for shape in quant_kernels.shapes(vec)]
+QUANT_IDS = [quant_kernels.entry_name(dt, vec, shape)[len("quant_cache_"):] for dt, vec, shape in QUANT_ENTRIES]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 # mixed: valid slots among extreme ones; extreme / random: every slot so; alias*: a one-block
 # cache of stride 0 told it has 2^40 slots, so valid slots pass 2^31 and 2^32 (the 64-bit
@@ -387,7 +388,7 @@ class QuantFuzz:
         return 0 <= s < self.num_slots
 
 
-def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
+def quant_case(seed: str, kind: str, dt: str, vec: int, shape: str = "") -> QuantFuzz:
     rng = random.Random(seed)
     dtype = DTYPES[dt]
     esize = torch.tensor([], dtype=dtype).element_size()
@@ -425,7 +426,7 @@ def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
             if s not in valid and rng.random() < 0.5:
                 valid[rng.randrange(len(valid))] = s
     # one_bad: the last token of the vector kernels' first block (in its last pass), else the last.
-    bad_at = quant_kernels.UNROLL * (quant_kernels.THREADS // (hd * esize // vec)) - 1 if vec else T - 1
+    bad_at = quant_kernels.SHAPES[shape] * (quant_kernels.THREADS // (hd * esize // vec)) - 1 if vec else T - 1
     valid_it = iter(valid)
     slots = []
     for _ in range(T):
@@ -470,13 +471,14 @@ def quant_case(seed: str, kind: str, dt: str, vec: int) -> QuantFuzz:
     return QuantFuzz(seed, kind, hd, qbs, bs, nb, num_slots, fmt, slots, a, (k, kv, sm), err)
 
 
-def quant_launch(c: QuantFuzz, dt: str, vec: int, debug: bool) -> Launch:
-    """What the op would launch for the case; keeps the arena's bytes before it in c.before."""
+def quant_launch(c: QuantFuzz, dt: str, vec: int, debug: bool, shape: str = "") -> Launch:
+    """What the op would launch for the case in ``shape``; keeps the arena's bytes before it in
+    c.before."""
     k, kv, sm = c.tensors
     plan = indexer_k_quant.plan_quant(k, kv, sm, c.qbs, c.scale_fmt)
-    name, grid, fields = indexer_k_quant.launch_config(plan)
-    c.desc = c.describe(quant_kernels.entry_name(dt, vec), debug)
-    assert name == quant_kernels.entry_name(dt, vec), c.desc
+    name, grid, fields = indexer_k_quant.launch_config(plan, shape)
+    c.desc = c.describe(quant_kernels.entry_name(dt, vec, shape), debug)
+    assert name == quant_kernels.entry_name(dt, vec, shape), c.desc
     if c.kind.startswith("alias"):  # one block of stride 0 that every block aliases, 2^40 slots
         fields = dict(fields, block_stride=0, num_slots=c.num_slots)
     T = len(c.slots)

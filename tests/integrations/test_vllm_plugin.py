@@ -188,11 +188,12 @@ def test_worker_hook_loads_the_kernels_on_the_workers_own_gpu_only(tmp_path, imp
     assert got["before"] == ("hooked" if import_first else "waiting for vllm.v1.worker.worker_base")
     assert got["result"] == "vllm's result"
     gather = ["gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"]
-    quant_bf16 = ["quant_cache_bf16_v16", "quant_cache_bf16_v8", "quant_cache_bf16_any"]
+    quant_bf16 = ["quant_cache_bf16_v16", "quant_cache_bf16_v16_small", "quant_cache_bf16_v8",
+                  "quant_cache_bf16_v8_small", "quant_cache_bf16_any"]
     mla_bf16 = ["mla_ds_bf16", "mla_plain_bf16", "mla_gather"]
     want = gather + quant_bf16 + mla_bf16
     assert got["calls"] == [[3, want], [5, want]]  # one device per worker, no other
-    assert got["status"].startswith("loaded on cuda:5 (9 modules, ")
+    assert got["status"].startswith("loaded on cuda:5 (11 modules, ")
 
 
 def test_worker_hook_loads_only_the_replaced_ops_kernels(tmp_path):
@@ -256,10 +257,11 @@ REAL_PRELOAD = """
 def test_worker_hook_really_loads_the_kernels_on_that_gpu_only(tmp_path):
     got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "cache"))
     d = got["last"]
-    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (9 modules")
+    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (11 modules")
     assert got["loaded"] == sorted(f"{m}@{d}" for m in ("gather_indexer_k_v16", "gather_indexer_k_v8",
                                                         "gather_indexer_k_v4", "quant_cache_bf16_v16",
-                                                        "quant_cache_bf16_v8", "quant_cache_bf16_any",
+                                                        "quant_cache_bf16_v16_small", "quant_cache_bf16_v8",
+                                                        "quant_cache_bf16_v8_small", "quant_cache_bf16_any",
                                                         "mla_ds_bf16", "mla_plain_bf16", "mla_gather"))
 
 

@@ -86,9 +86,11 @@ def test_ops_choose_only_entry_points_of_their_modules():
               (base._replace(vec=vec, tokens_per_cta=tpc) for vec in (16, 8, 4) for tpc in (8, 128, 256))}
     assert chosen == {(vec, e) for vec, m in gather_kernels.MODULES.items() for e in m.kernels}
     qbase = indexer_k_quant.QuantPlan(**{f: 1 for f in indexer_k_quant.QuantPlan._fields})._replace(
-        num_tokens=10, head_dim=128, quant_block_size=128, tokens_per_pass=16)
-    qchosen = {((t, vec), indexer_k_quant.launch_config(qbase._replace(k_type=t, vec=vec)).entry)
-               for t in quant_kernels.K_TYPES for vec in quant_kernels.VECTOR_WIDTHS}
+        head_dim=128, quant_block_size=128, tokens_per_pass=16, sm_count=132)
+    qplans = [qbase._replace(k_type=t, vec=vec, num_tokens=n) for t in quant_kernels.K_TYPES
+              for vec in quant_kernels.VECTOR_WIDTHS for n in (10, 1 << 20)]  # small and large calls
+    qchosen = {((p.k_type, p.vec, indexer_k_quant.call_shape(p)), indexer_k_quant.launch_config(p).entry)
+               for p in qplans}
     assert qchosen == {(key, e) for key, m in quant_kernels.MODULES.items() for e in m.kernels}
 
 

@@ -12,7 +12,7 @@ def test_hardware_fp8_conversion_only_where_it_exists():
     """PTX (readable, unlike a cubin): the e4m3x2 instruction for compute_89+, not for
     compute_80 (no such instruction) nor in the NG_SOFT_FP8 build."""
     ptx = {(m.name, a): compiler.compile_module(m, compiler.Target(f"compute_{a}")).image
-           for m, a in ((quant_kernels.MODULES["bf16", 16], 90), (quant_kernels.MODULES["bf16", 16], 80), (QUANT_SOFT_FP8, 90))}
-    assert CVT in ptx[quant_kernels.MODULES["bf16", 16].name, 90]
-    assert CVT not in ptx[quant_kernels.MODULES["bf16", 16].name, 80]
+           for m, a in ((quant_kernels.MODULES["bf16", 16, ""], 90), (quant_kernels.MODULES["bf16", 16, ""], 80), (QUANT_SOFT_FP8, 90))}
+    assert CVT in ptx[quant_kernels.MODULES["bf16", 16, ""].name, 90]
+    assert CVT not in ptx[quant_kernels.MODULES["bf16", 16, ""].name, 80]
     assert CVT not in ptx["quant_cache_soft", 90]

@@ -182,7 +182,7 @@ def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
     indexer_k_quant.indexer_k_quant_and_cache(*q.args())
     name, grid, qfields = indexer_k_quant.launch_config(qplan)
     qparams = quant_kernels.PARAMS
-    assert fake.launches[-1] == (7, runtime.load(quant_kernels.MODULES["bf16", 16], 0).functions[name])
+    assert fake.launches[-1] == (7, runtime.load(quant_kernels.MODULES["bf16", 16, indexer_k_quant.call_shape(qplan)], 0).functions[name])
     assert (fake.grid, fake.params[:qparams.layout.size]) == (grid, qparams.pack(**qfields, error=0))
 
     # Debug mode: the error buffer's address goes into the struct, and an error the kernel
@@ -287,7 +287,7 @@ def test_write_op_fast_path_launches_exactly_what_the_full_checks_would(fake, mo
     def expected(k):
         plan = real_plan(k, kv, slots, 128, "ue8m0")._replace(device=0)
         name, grid, fields = indexer_k_quant.launch_config(plan)
-        function = runtime.load(quant_kernels.MODULES["bf16", plan.vec], 0).functions[name]
+        function = runtime.load(quant_kernels.MODULES["bf16", plan.vec, indexer_k_quant.call_shape(plan)], 0).functions[name]
         return (7, function), grid, quant_kernels.PARAMS.pack(**fields, error=0)
 
     def last_launch():
@@ -299,7 +299,8 @@ def test_write_op_fast_path_launches_exactly_what_the_full_checks_would(fake, mo
         indexer_k_quant.indexer_k_quant_and_cache(k_at(offset), kv, slots, 128, "ue8m0")
         assert len(planned) == 1, "the fast path was not taken"
         assert last_launch() == expected(k_at(offset))
-        assert fake.launches[-1][1] == runtime.load(quant_kernels.MODULES["bf16", vec], 0).functions[
+        # (the plan is a CPU one relabelled: no SM count, so the usual shape)
+        assert fake.launches[-1][1] == runtime.load(quant_kernels.MODULES["bf16", vec, ""], 0).functions[
             quant_kernels.entry_name("bf16", vec)]
     indexer_k_quant.indexer_k_quant_and_cache(k_at(0), kv, slots, 128, "fp8_e4m3")  # another layout
     assert len(planned) == 2

@@ -95,8 +95,10 @@ def test_each_family_has_every_entry_in_the_module_it_loads_for_it():
     for vec in gather_kernels.VECTOR_WIDTHS:
         assert set(gather_kernels.MODULES[vec].kernels) == {gather_kernels.entry_name(vec, s)
                                                            for s in gather_kernels.SHAPES}
-    for (k_type, vec), m in quant_kernels.MODULES.items():
-        assert m.kernels == (quant_kernels.entry_name(k_type, vec),)
+    for (k_type, vec, shape), m in quant_kernels.MODULES.items():
+        assert m.kernels == (quant_kernels.entry_name(k_type, vec, shape),)
+    assert {key[1:] for key in quant_kernels.MODULES} == {(v, s) for v in quant_kernels.VECTOR_WIDTHS
+                                                          for s in quant_kernels.shapes(v)}
     for k_type, m in mla_cache.DS_MODULES.items():
         assert set(m.kernels) == {mla_cache.ds_entry(k_type, vec) for vec in mla_cache.VECTOR_WIDTHS}
     for k_type, m in mla_cache.PLAIN_MODULES.items():
@@ -116,9 +118,11 @@ def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
     assert "#define NG_THREADS" not in sources.read_source("common.cuh")
 
 
-def test_shared_constants_come_from_the_spec():
-    assert f"-DNG_QUNROLL={quant_kernels.UNROLL}" in quant_kernels.OPTIONS
-    assert "#define NG_QUNROLL" not in sources.read_source("quant_cache.cu")
+def test_the_write_shapes_tokens_per_lane_come_from_the_spec():
+    for (k_type, vec, shape), m in quant_kernels.MODULES.items():
+        if vec:
+            assert m.entries[0].body.endswith(f", {quant_kernels.SHAPES[shape]}>"), m.name
+    assert "NG_QUNROLL" not in sources.read_source("quant_cache.cu")
 
 
 def test_debug_error_codes_are_one_table():
