@@ -136,9 +136,10 @@ def _baseline(w: Workload, k, s):
     stream = runtime.current_stream(dev)
     p = gather.plan_gather(w.kv, k, s, w.block_table, w.cu)
     per = BASELINE_LINEAR_SCAN.threads // 32
-    pack = gather_kernels.PARAMS.packer(**gather.struct_fields(p))
+    fields = gather.struct_fields(p)
+    image = gather_kernels.PARAMS.image(**{n: v for n, v in fields.items() if n not in gather_kernels.PARAMS.pointer_names})
     runtime.load(BASELINE_LINEAR_SCAN, dev, stream).launch("baseline_linear_scan", (p.num_tokens + per - 1) // per,
-                                                          stream, pack)
+                                                          stream, image, tuple(fields[n] for n in image.pointers))
 
 
 def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = (), workloads=WORKLOADS) -> list[dict]:
@@ -221,19 +222,20 @@ def metadata_reads(*tensors):
 def raw_gather_launch(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> types.SimpleNamespace:
     """The op's launch of this call as raw driver arguments, on a parameter buffer of our own:
     what a launch costs below the op (``raw.launch_ex(cfg_addr, function, params_addr, None)``).
-    Fields: raw, function, grid, stream, pack, buf, cfg, cfg_addr, params, params_addr (the
-    ctypes objects the addresses point into live as long as the namespace)."""
+    Fields: raw, function, grid, stream, image, pointers, buf, cfg, cfg_addr, params, params_addr
+    (the ctypes objects the addresses point into live as long as the namespace)."""
     dev = torch.cuda.current_device()
     name, grid, fields = gather.launch_config(gather.plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens))
     stream = runtime.current_stream(dev)
     function = runtime.load(GATHER, dev, stream).functions[name]
-    buf = ctypes.create_string_buffer(gather_kernels.PARAMS.layout.size)
-    pack = gather_kernels.PARAMS.packer(**fields)
-    pack(buf, 0)
+    image = gather_kernels.PARAMS.image(**{n: v for n, v in fields.items() if n not in gather_kernels.PARAMS.pointer_names})
+    pointers = tuple(fields[n] for n in image.pointers)
+    buf = ctypes.create_string_buffer(image.template, len(image.template))
+    image.pack_pointers(buf, 0, *pointers)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
     cfg = driver.LaunchConfig(grid, 1, 1, GATHER.threads, 1, 1, 0, stream, None, 0)
-    return types.SimpleNamespace(raw=driver.raw(), function=function, grid=grid, stream=stream, pack=pack, buf=buf,
-                                 cfg=cfg, cfg_addr=ctypes.addressof(cfg), params=params,
+    return types.SimpleNamespace(raw=driver.raw(), function=function, grid=grid, stream=stream, image=image,
+                                 pointers=pointers, buf=buf, cfg=cfg, cfg_addr=ctypes.addressof(cfg), params=params,
                                  params_addr=ctypes.addressof(params))
 
 
@@ -274,7 +276,7 @@ def host_cost(calls: int = 10000) -> dict:
         "current_stream_us": (runtime.current_stream, (dev,)),
         "raw_cuLaunchKernelEx_us": (raw.launch_ex, (r.cfg_addr, r.function, r.params_addr, None)),
         "cuCtxGetCurrent_us": (raw.ctx_get_current, (cur_ref,)),
-        "pack_us": (lambda: r.pack(r.buf, 0), ()),
+        "pack_us": (r.image.pack_pointers, (r.buf, 0, *r.pointers)),
         **mla_host_calls(),  # the MLA-cache ops, beside the same yardstick
     }, calls)
     out["calls"] = calls

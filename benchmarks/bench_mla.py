@@ -149,7 +149,7 @@ def gather_baseline(w: GatherWorkload, dst: torch.Tensor):
     """A no-argument launch of the vLLM-style gather (baseline_mla.cu) on ``w`` into ``dst``."""
     dev = torch.cuda.current_device()
     p = mla_gather.plan_gather(*w.args(dst))
-    pack = BASELINE_GATHER_PARAMS.packer(
+    image = BASELINE_GATHER_PARAMS.image(
         src_cache=p.src_ptr, dst=p.dst_ptr, block_table=p.bt_ptr, workspace_starts=p.ws_ptr, seq_starts=p.seq_ptr,
         block_stride=p.block_stride, entry_stride=p.entry_stride, dst_row_stride=p.dst_row_stride,
         bt_row_stride=p.bt_row_stride, num_rows=p.num_rows, batch=p.batch, block_size=p.block_size, unused=0)
@@ -157,7 +157,7 @@ def gather_baseline(w: GatherWorkload, dst: torch.Tensor):
     handle = runtime.load(BASELINE_MLA_GATHER, dev, runtime.current_stream(dev))
 
     def run(_keep=(w, dst)):
-        handle.launch("baseline_mla_gather", grid, runtime.current_stream(dev), pack)
+        handle.launch("baseline_mla_gather", grid, runtime.current_stream(dev), image)
     return run
 
 
@@ -232,14 +232,14 @@ def write_baseline(w: WriteWorkload, cache: torch.Tensor):
     """A no-argument launch of the vLLM-style write (baseline_mla.cu) on ``w`` into ``cache``."""
     dev = torch.cuda.current_device()
     p = mla_write.plan_write(*w.args(cache))
-    pack = BASELINE_WRITE_PARAMS.packer(
+    image = BASELINE_WRITE_PARAMS.image(
         kv_c=p.kv_c_ptr, k_pe=p.k_pe_ptr, slot_mapping=p.slot_ptr, kv_cache=p.kv_ptr,
         kv_c_row_stride=p.kv_c_row_stride, k_pe_row_stride=p.k_pe_row_stride, block_stride=p.block_stride,
         entry_stride=p.entry_stride, num_tokens=p.num_tokens, block_size=p.block_size)
     handle = runtime.load(BASELINE_MLA_WRITE, dev, runtime.current_stream(dev))
 
     def run(_keep=(w, cache)):
-        handle.launch("baseline_mla_write", p.num_tokens, runtime.current_stream(dev), pack)
+        handle.launch("baseline_mla_write", p.num_tokens, runtime.current_stream(dev), image)
     return run
 
 

@@ -3,14 +3,14 @@ context once, and launch its entry points. Every op launches through ``LoadedMod
 
 - ``load(module, device, stream)``: the module's loaded handle, built and loaded on first use
   and kept for the process; refuses to compile or load while ``stream`` captures a CUDA graph.
-- ``LoadedModule.launcher(entry, grid)``: ``go(pack, pointers)``, which launches ``entry`` with
+- ``LoadedModule.launcher(entry, grid, image)``: ``go(pointers)``, which launches ``entry`` with
   ``grid`` blocks on torch's current stream of the module's device, the parameter struct
-  packed by ``pack(buf, *pointers, error)`` (a packer from ParamStruct.packer with every
-  field but the data pointers and the error buffer bound). ``error`` is null normally, and
-  with NVRTC_GATHER_DEBUG=1 a device buffer that is read back after the launch (one sync)
-  and turned into a ValueError naming the bad index. The ops keep one per layout and vector
+  ``image`` (ParamStruct.image: every field but the data pointers and the error buffer) with
+  the call's ``pointers`` written in. The error buffer is null normally, and with
+  NVRTC_GATHER_DEBUG=1 a device buffer that is read back after the launch (one sync) and
+  turned into a ValueError naming the bad index. The ops keep one per layout and vector
   width (ops/fast_path.py), so a call is one Python call into the launcher, not a chain.
-- ``LoadedModule.launch(entry, grid, stream, pack, pointers)``: the same, once, on a given stream.
+- ``LoadedModule.launch(entry, grid, stream, image, pointers)``: the same, once, on a given stream.
 - ``preload(device)``: load every registered module now (before CUDA-graph capture).
 """
 from __future__ import annotations
@@ -39,23 +39,18 @@ current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream_
 
 
 log = logging.getLogger(__name__)
-_PARAM_BYTES = 4096  # the driver's limit for kernel parameters
-_tls = threading.local()
 
 
-def _thread_state():
-    """Per-thread launch state: the parameter buffer, the void*[1] pointing at it, the
-    CUlaunchConfig, and a slot for cuCtxGetCurrent. Launches from several threads never
-    share it; reuse within a thread is safe because the driver copies parameters at
-    launch (graph capture included)."""
-    st = getattr(_tls, "state", None)
-    if st is None:
-        buf = ctypes.create_string_buffer(_PARAM_BYTES)
-        arr = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        cfg = driver.LaunchConfig(1, 1, 1, 1, 1, 1, 0, None, None, 0)  # grid and block set per launch
-        cur = ctypes.c_void_p()
-        st = _tls.state = (buf, ctypes.addressof(arr), cfg, ctypes.addressof(cfg), cur, ctypes.byref(cur), arr)
-    return st
+def _launch_state(image: spec.StructImage, grid: int, threads: int) -> tuple:
+    """One thread's state for one launcher: the parameter buffer (a copy of the struct image),
+    the void*[1] pointing at it, the CUlaunchConfig with grid and block set, and a slot for
+    cuCtxGetCurrent. Launches from several threads never share it; reuse within a thread is
+    safe because the driver copies parameters at launch (graph capture included)."""
+    buf = ctypes.create_string_buffer(image.template, len(image.template))
+    arr = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    cfg = driver.LaunchConfig(grid, 1, 1, threads, 1, 1, 0, None, None, 0)  # the stream set per launch
+    cur = ctypes.c_void_p()
+    return buf, ctypes.addressof(arr), cfg, ctypes.addressof(cfg), cur, ctypes.byref(cur), arr
 
 
 def error_buffer(device: int) -> torch.Tensor:
@@ -75,56 +70,69 @@ class LoadedModule:
         self._threads = module.threads
         self._raw = driver.raw()
 
-    def launch(self, entry: str, grid: int, stream: int, pack: Callable[..., None], pointers: tuple = ()) -> None:
+    def launch(self, entry: str, grid: int, stream: int, image: spec.StructImage, pointers: tuple = ()) -> None:
         """Launch ``entry`` with ``grid`` blocks on ``stream`` (a raw CUstream handle), the
-        parameter struct packed by ``pack(buf, *pointers, error)``."""
-        self.launcher(entry, grid, lambda device: stream)(pack, pointers)
+        parameter struct ``image`` with ``pointers`` written in."""
+        self.launcher(entry, grid, image, lambda device: stream)(pointers)
 
-    def launcher(self, entry: str, grid: int, stream_of: Callable[[int], int] | None = None):
-        """``go(pack, pointers)``: launch ``entry`` with ``grid`` blocks on ``stream_of(device)``
-        (default: torch's current stream, asked at each call), the struct packed by
-        ``pack(buf, *pointers, error)``. Everything fixed is bound here once, so a launch is
-        this closure and the driver calls (``go``'s ``err_ptr`` is its own: the debug-mode
-        buffer of the call it wraps). Positional arguments, not a closure or keywords per
-        call: ~0.5 µs less a call on the CI machine."""
+    def launcher(self, entry: str, grid: int, image: spec.StructImage,
+                 stream_of: Callable[[int], int] | None = None):
+        """``go(pointers)``: launch ``entry`` with ``grid`` blocks on ``stream_of(device)``
+        (default: torch's current stream, asked at each call), the parameter struct ``image``
+        with the call's data ``pointers`` (in struct order) written in. Everything fixed is
+        bound here once, and each thread keeps its own copy of the struct and launch config
+        with the fixed fields already in, so a launch is this closure, one pack of the
+        pointers and the driver calls (``go``'s ``err_ptr`` is its own: the debug-mode buffer
+        of the call it wraps)."""
         function, threads, context = self.functions[entry], self._threads, self._context
         device, raw = self.device, self._raw
         stream_of = stream_of or current_stream
         label = self.module.label
         env_data, debug_key = settings.debug_unset_test()
+        pack_pointers, pack_error, error_offset = image.pack_pointers, image.pack_error, image.error_offset
+        per_thread = threading.local()
 
-        def go(pack, pointers, err_ptr: int = 0) -> None:
-            # Every op call runs this: one pack, three config fields and cuLaunchKernelEx (4
+        def go(pointers, err_ptr: int = 0) -> None:
+            # Every op call runs this: the pointers packed, the stream set, cuLaunchKernelEx (4
             # arguments through ctypes instead of cuLaunchKernel's 11). Debug mode: an error
             # buffer, read back after the launch (the usual unset variable tested inline).
             if not err_ptr and (env_data is None or debug_key in env_data) and settings.debug_enabled():
                 err = error_buffer(device)
-                go(pack, pointers, err.data_ptr())
+                go(pointers, err.data_ptr())
                 raise_if_set(err, label)
                 return
             try:
-                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _tls.state
+                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = per_thread.state
             except AttributeError:
-                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = _thread_state()
-            pack(buf, *pointers, err_ptr)
-            cfg.gridDimX = grid
-            cfg.blockDimX = threads
+                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = per_thread.state = _launch_state(image, grid, threads)
+            pack_pointers(buf, 0, *pointers)
             cfg.hStream = stream_of(device)
-            # Launched as if the device's primary context were current, as it nearly always is
-            # (asking first costs a driver call per launch). A function of one context never
-            # runs in another: where that context is not current (tensors on another device than
-            # the current one, a thread that never used CUDA) the driver refuses the launch
-            # (measured on the H200 for a thread with no context current; a driver that ran it
-            # in its own context instead would give the same result), and only then is the
-            # context asked for and the launch repeated with it pushed.
-            rc = raw.launch_ex(cfg_addr, function, params, None)
-            if rc:
-                raw.ctx_get_current(cur_ref)
-                if cur.value != context:
-                    rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
+            if err_ptr:  # debug mode: this launch only, then the buffer's error field is null again
+                pack_error(buf, error_offset, err_ptr)
+            try:
+                # Launched as if the device's primary context were current, as it nearly always
+                # is (asking first costs a driver call per launch): see _after_refusal.
+                rc = raw.launch_ex(cfg_addr, function, params, None)
                 if rc:
-                    raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
+                    _after_refusal(rc, raw, cfg_addr, function, params, cur, cur_ref, context, device)
+            finally:
+                if err_ptr:
+                    pack_error(buf, error_offset, 0)
         return go
+
+
+def _after_refusal(rc: int, raw, cfg_addr, function, params, cur, cur_ref, context, device) -> None:
+    """A launch the driver refused with ``rc``. A function of one context never runs in
+    another: where that context is not current (tensors on another device than the current
+    one, a thread that never used CUDA) the driver refuses the launch (measured on the H200 for
+    a thread with no context current; a driver that ran it in its own context instead would give
+    the same result). So only now is the current context asked for, and if it is another the
+    launch is repeated with the primary context pushed; any other refusal raises."""
+    raw.ctx_get_current(cur_ref)
+    if cur.value != context:
+        rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
+    if rc:
+        raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
 
 
 _lock = threading.RLock()

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Callable
+from typing import Callable, NamedTuple
 
 _FORMATS = {"ptr": "Q", "i64": "q", "i32": "i"}
 
@@ -45,20 +44,34 @@ class ParamStruct:
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.fields)
 
+    @property
+    def pointer_names(self) -> tuple[str, ...]:
+        """The leading pointer fields (the data pointers a call gives; not the error buffer)."""
+        out = []
+        for name, kind in self.fields[:-1]:
+            if kind != "ptr":
+                break
+            out.append(name)
+        return tuple(out)
+
     def pack(self, **values) -> bytes:
         """The struct's bytes from every field by name (tests, the emulator)."""
         self._check(values, self.names)
         return self.layout.pack(*(values[n] for n in self.names))
 
-    def packer(self, **fixed) -> Callable[..., None]:
-        """``pack(buf, <every other field>)``: packs the struct into ``buf`` with the ``fixed``
-        fields bound now and the others given on each call, in struct order or by name (the
-        launcher passes them in order: the data pointers, then the error buffer, always the
-        last field). Built from generated code, so a call costs what one positional
-        ``struct.pack_into`` does."""
+    def image(self, **fixed) -> "StructImage":
+        """The struct packed with the ``fixed`` fields (every field but its leading data
+        pointers and the error buffer, which stays 0): what a launcher copies into its
+        parameter buffer once, so that a call packs only its pointers (StructImage)."""
         free = tuple(n for n in self.names if n not in fixed)
         self._check({**fixed, **dict.fromkeys(free)}, self.names)
-        return _packer_factory(self, tuple(fixed))(**fixed)
+        pointers = free[:-1]
+        if free[-1:] != ("error",) or self.names[:len(pointers)] != pointers or \
+                any(kind != "ptr" for _, kind in self.fields[:len(pointers)]):
+            raise TypeError(f"{self.name}: the fields left free must be the leading pointers and error, got {free}")
+        values = {**fixed, **dict.fromkeys(free, 0)}
+        return StructImage(self.layout.pack(*(values[n] for n in self.names)), pointers,
+                           struct.Struct("<" + "Q" * len(pointers)).pack_into, self.layout.size - 8)
 
     def _check(self, given, expected) -> None:
         if set(given) != set(expected):
@@ -66,17 +79,20 @@ class ParamStruct:
             raise TypeError(f"{self.name}: fields missing {sorted(missing)}, unknown {sorted(extra)}")
 
 
-@lru_cache(maxsize=None)
-def _packer_factory(params: ParamStruct, fixed: tuple[str, ...]):
-    """``make(**fixed) -> pack(buf, *free)``, generated once per struct and set of fixed names."""
-    free = [n for n in params.names if n not in fixed]
-    body = (f"def make({', '.join(fixed)}):\n"
-            f"    def pack(buf, {', '.join(free)}):\n"
-            f"        _pack_into(buf, 0, {', '.join(params.names)})\n"
-            f"    return pack\n")
-    namespace = {"_pack_into": params.layout.pack_into}
-    exec(compile(body, f"<{params.name} packer>", "exec"), namespace)
-    return namespace["make"]
+_PACK_ADDRESS = struct.Struct("<Q").pack_into
+
+
+class StructImage(NamedTuple):
+    """A parameter struct's bytes with every field set but the leading data pointers (named in
+    ``pointers``) and the error buffer (0). A launcher keeps a copy per thread and a call writes
+    only ``pack_pointers(buf, 0, *pointers)``, and in debug mode the error buffer's address at
+    ``error_offset`` (``pack_error``)."""
+
+    template: bytes
+    pointers: tuple
+    pack_pointers: Callable
+    error_offset: int
+    pack_error: Callable = _PACK_ADDRESS
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from ..jit import runtime
 
 
 class Launch(NamedTuple):
-    """One ready launch of a layout: the module, its entry point, the grid, and the packer
+    """One ready launch of a layout: the module, its entry point, the grid, and the struct image
     with every struct field but the data pointers and the error buffer bound."""
 
     module: object   # jit.spec.KernelModule
     entry: str
     grid: int
-    pack: object     # ParamStruct.packer(...)
+    image: object    # ParamStruct.image(...)
 
 
 class LaunchConfig(NamedTuple):
@@ -88,13 +88,12 @@ def widths_by_alignment(width_of) -> tuple:
 
 def bind(layout, vec: int):
     """The launcher of ``layout``'s ready launch for vector width ``vec``, made on its first use
-    and kept in ``layout.launchers`` (the op's hot path reads that dict first): ``go(pack,
-    pointers)`` (runtime.LoadedModule.launcher) launches on torch's current stream of
-    ``layout.device``, the struct packed by the ready launch's ``pack`` with the call's data
-    pointers, in struct order. The module
+    and kept in ``layout.launchers`` (the op's hot path reads that dict first): ``go(pointers)``
+    (runtime.LoadedModule.launcher) launches on torch's current stream of ``layout.device``,
+    the ready launch's struct image with the call's data pointers, in struct order. The module
     is loaded already or now. A layout is any record with ``device``, ``launches`` (vector
     width -> Launch) and ``launchers`` (a dict, empty at first)."""
     ready = layout.launches[vec]
     handle = runtime.load(ready.module, layout.device, runtime.current_stream(layout.device))
-    go = layout.launchers[vec] = handle.launcher(ready.entry, ready.grid)
+    go = layout.launchers[vec] = handle.launcher(ready.entry, ready.grid, ready.image)
     return go

@@ -249,8 +249,8 @@ def _layout(p: GatherPlan, module=None) -> GatherLayout:
     for vec in spec.VECTOR_WIDTHS:
         cfg = launch_config(p._replace(vec=vec))
         if not launches:
-            pack = spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _NAMES})
-        launches[vec] = Launch(module or spec.MODULES[vec], cfg.entry, cfg.grid, pack)
+            image = spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _NAMES})
+        launches[vec] = Launch(module or spec.MODULES[vec], cfg.entry, cfg.grid, image)
     low_bits = _low_bits(p)
     widths = fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low_bits))
     return GatherLayout(p.device, widths, _extents(p), launches, {})
@@ -260,7 +260,7 @@ def _run(layout: GatherLayout, kv_p: int, k_p: int, s_p: int, bt_p: int, cu_p: i
     """Launch a call of ``layout`` whose pointers passed the checks (the op's fast path has
     these two lines inline)."""
     vec = layout.widths[(kv_p | k_p) & 15]  # spec.vector_width(kv_p | k_p | _low_bits(plan))
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack, (kv_p, k_p, s_p, bt_p, cu_p))
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))((kv_p, k_p, s_p, bt_p, cu_p))
 
 
 _layouts = LayoutMemo()
@@ -299,8 +299,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
                 (k_p < kv_e and kv_p < k_e) or (s_p < kv_e and kv_p < s_e) or (k_p < bt_e and bt_p < k_e) or
                 (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e)):
             vec = layout.widths[(kv_p | k_p) & 15]
-            (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack,
-                                                                       (kv_p, k_p, s_p, bt_p, cu_p))
+            (layout.launchers.get(vec) or fast_path.bind(layout, vec))((kv_p, k_p, s_p, bt_p, cu_p))
             return
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     if plan.device < 0:

@@ -202,7 +202,7 @@ def _layout(p: QuantPlan, module=None, shape: str | None = None) -> QuantLayout:
         pv = p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size, p.head_dim))
         cfg = launch_config(pv, shape)
         launches[vec] = Launch(module or spec.MODULES[p.k_type, vec, call_shape(pv, shape)], cfg.entry, cfg.grid,
-                               spec.PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
+                               spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     low_bits = _low_bits(p)
     widths = fast_path.widths_by_alignment(
         lambda bits: spec.vector_width(bits | low_bits, p.element_size, p.head_dim, p.quant_block_size))
@@ -212,7 +212,7 @@ def _layout(p: QuantPlan, module=None, shape: str | None = None) -> QuantLayout:
 def _run(layout: QuantLayout, k_p: int, sm_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[k_p & 15]  # spec.vector_width(k_p | _low_bits(plan), ...)
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack, (k_p, sm_p, kv_p))
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))((k_p, sm_p, kv_p))
 
 
 _layouts = LayoutMemo()

@@ -190,7 +190,7 @@ def _layout(p: MlaGatherPlan, module=None) -> MlaGatherLayout:
     for vec in spec.VECTOR_WIDTHS:
         cfg = launch_config(p._replace(vec=vec))
         launches[vec] = Launch(module or spec.GATHER_MODULE, cfg.entry, cfg.grid,
-                               spec.GATHER_PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
+                               spec.GATHER_PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     low = _low_bits(p)
     return MlaGatherLayout(p.device, fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low)),
                            _extents(p), launches, {})
@@ -199,8 +199,7 @@ def _layout(p: MlaGatherPlan, module=None) -> MlaGatherLayout:
 def _run(layout: MlaGatherLayout, src_p: int, dst_p: int, bt_p: int, ws_p: int, seq_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[(src_p | dst_p) & 15]
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack,
-                                                               (src_p, dst_p, bt_p, ws_p, seq_p))
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))((src_p, dst_p, bt_p, ws_p, seq_p))
 
 
 _layouts = LayoutMemo()

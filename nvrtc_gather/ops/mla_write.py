@@ -252,7 +252,7 @@ def _layout(p: WritePlan, module=None) -> WriteLayout:
     for vec in (spec.VECTOR_WIDTHS if p.fmt == "ds" else (0,)):
         cfg = launch_config(p._replace(vec=vec))
         launches[vec] = Launch(module or _module(p), cfg.entry, cfg.grid,
-                               spec.WRITE_PARAMS.packer(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
+                               spec.WRITE_PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     low = _low_bits(p)
     widths = fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low) if p.fmt == "ds" else 0)
     return WriteLayout(p.device, 3 if p.fmt == "ds" else 0, widths, _extents(p), launches, {})
@@ -261,8 +261,7 @@ def _layout(p: WritePlan, module=None) -> WriteLayout:
 def _run(layout: WriteLayout, kv_c_p: int, k_pe_p: int, sm_p: int, sc_p: int, kv_p: int) -> None:
     """Launch a call of ``layout`` whose pointers passed the checks."""
     vec = layout.widths[(kv_c_p | k_pe_p | kv_p) & 15]
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(layout.launches[vec].pack,
-                                                               (kv_c_p, k_pe_p, sm_p, sc_p, kv_p))
+    (layout.launchers.get(vec) or fast_path.bind(layout, vec))((kv_c_p, k_pe_p, sm_p, sc_p, kv_p))
 
 
 _layouts = LayoutMemo()

@@ -63,14 +63,25 @@ def test_packing_by_name_is_the_struct_layout(params):
     values = {name: 1000 + i for i, name in enumerate(params.names)}
     want = params.layout.pack(*values.values())
     assert params.pack(**values) == want
-    fixed = {n: v for n, v in values.items() if n not in ("error",) and not n.startswith(("k", "dst", "slot"))}
-    buf = bytearray(params.layout.size)
-    params.packer(**fixed)(buf, **{n: v for n, v in values.items() if n not in fixed})
+    # The launchers' way: the image with every field but the data pointers and the error buffer,
+    # then the pointers (and in debug mode the error buffer) written into a copy of it.
+    pointers = params.pointer_names
+    assert pointers and all(kind == "ptr" for _, kind in params.fields[:len(pointers)])
+    image = params.image(**{n: v for n, v in values.items() if n not in pointers + ("error",)})
+    assert image.pointers == pointers and len(image.template) == params.layout.size
+    buf = bytearray(image.template)
+    image.pack_pointers(buf, 0, *(values[n] for n in pointers))
+    assert bytes(buf) == params.pack(**dict(values, error=0))
+    image.pack_error(buf, image.error_offset, values["error"])
     assert bytes(buf) == want
     with pytest.raises(TypeError, match="missing"):
         params.pack(**{n: v for n, v in values.items() if n != "error"})
     with pytest.raises(TypeError, match="unknown"):
-        params.packer(no_such_field=1)
+        params.image(no_such_field=1)
+    with pytest.raises(TypeError, match="leading pointers"):  # the last pointer free, the first fixed
+        params.image(**{n: v for n, v in values.items() if n not in (pointers[-1], "error")})
+    with pytest.raises(TypeError, match="leading pointers"):  # a size left free
+        params.image(**{n: v for n, v in values.items() if n not in (params.names[len(pointers)], "error")})
 
 
 def test_the_ops_fill_every_struct_field_by_name():
