@@ -202,6 +202,14 @@ def test_both_ops_dispatch_through_the_kernel_handle(fake, monkeypatch):
     err.zero_()
     fake.on_launch = None
     gather.cp_gather_indexer_k_quant_cache(*c.args())  # nothing recorded: no error
+    assert fake.params[:params.layout.size] == params.pack(**fields, error=err.data_ptr())
+    # Debug mode off again: the launcher's struct (the same per-thread copy) has a null error
+    # buffer, for the gather and for the write op.
+    monkeypatch.delenv("NVRTC_GATHER_DEBUG")
+    gather.cp_gather_indexer_k_quant_cache(*c.args())
+    assert fake.params[:params.layout.size] == params.pack(**fields, error=0)
+    indexer_k_quant.indexer_k_quant_and_cache(*q.args())
+    assert fake.params[:qparams.layout.size] == qparams.pack(**qfields, error=0)
 
 
 def test_gather_fast_path_launches_exactly_what_the_full_checks_would(fake, monkeypatch):
