@@ -40,8 +40,8 @@ def shapes(vec: int) -> tuple:
 
 
 # One module per entry point: an engine writes one k dtype with one alignment, so its first
-# write compiles one entry point of the file (two entry points per module measured ~1.3 s on
-# the CI machine, one ~0.7 s).
+# write compiles one entry point of the file (0.5-0.8 s each on the 2-core CI machine; a module
+# holding both shapes would take about their sum).
 MODULES = {(k_type, vec, shape): KernelModule(
     name=entry_name(k_type, vec, shape),
     source="quant_cache.cu",
@@ -72,9 +72,9 @@ def tokens_per_pass(vec: int, element_size: int, head_dim: int) -> int:
 
 def shape_for(vec: int, num_tokens: int, tokens_per_pass_: int, sm_count: int) -> str:
     """"small" when the usual shape's blocks would not fill one wave of the GPU (at
-    SMALL_CALL_BLOCKS_PER_SM): twice as many blocks of half the tokens then finish sooner (1024
-    tokens: 5.3 against 5.6 µs on an H200); from a wave on the usual shape is as fast or faster
-    (1M tokens: 106 against 113 µs)."""
+    SMALL_CALL_BLOCKS_PER_SM): twice as many blocks of half the tokens then finish sooner (on an
+    H200, 1024 tokens: 5.1 against 5.3 µs; 16K: 7.0 against 7.2); from a wave on the usual shape
+    is as fast or faster (1M tokens: 106 against 113 µs; benchmarks/NOTES.md v14)."""
     if vec and grid(vec, num_tokens, tokens_per_pass_, 0, 0) < SMALL_CALL_BLOCKS_PER_SM * sm_count:
         return "small"
     return ""

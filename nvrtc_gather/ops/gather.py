@@ -289,7 +289,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     except AttributeError:  # not tensors: plan_gather says which
         key = layout = None
     if layout is not None:  # the fast path: only the pointer checks, then _run's launch
-        # Written inline, not as calls: each Python call is ~0.15 µs of a ~14 µs budget
+        # Written inline, not as calls: each Python call is ~0.15 µs of a ~10 µs call
         # (benchmarks/NOTES.md, v14).
         kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
         bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
