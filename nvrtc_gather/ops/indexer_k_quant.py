@@ -96,10 +96,8 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
     checks.aligned("k", "data pointer", plan.k_ptr, esize)
     if num_tokens:  # the kernel writes kv_cache while it reads k and slot_mapping
         extents = _extents(plan)
-        if _overlapping(plan.k_ptr, plan.slot_ptr, plan.kv_ptr, extents):
-            kv_n, k_n, sm_n = extents
-            checks.disjoint({"kv_cache": (plan.kv_ptr, plan.kv_ptr + kv_n)},
-                            {"k": (plan.k_ptr, plan.k_ptr + k_n), "slot_mapping": (plan.slot_ptr, plan.slot_ptr + sm_n)})
+        if fast_path.overlapping(plan.kv_ptr, (plan.k_ptr, plan.slot_ptr), extents):
+            checks.disjoint_from("kv_cache", plan.kv_ptr, ("k", "slot_mapping"), (plan.k_ptr, plan.slot_ptr), extents)
     vec = spec.vector_width(plan.k_ptr | _low_bits(plan), esize, head_dim, qbs)
     return plan._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, esize, head_dim),
                          sm_count=driver.sm_count(device) if device >= 0 else 0)
@@ -138,7 +136,7 @@ def _low_bits(p: QuantPlan) -> int:
     return p.k_row_stride if p.num_tokens > 1 else 0
 
 
-# -- extents and overlap: one definition for the full checks and the fast path -----------------
+# -- extents: one definition for the full checks and the fast path (fast_path.overlapping) ------
 
 def _extents(p: QuantPlan) -> tuple[int, int, int]:
     """Bytes from each data pointer to the end of what the call touches: kv_cache (written),
@@ -146,12 +144,6 @@ def _extents(p: QuantPlan) -> tuple[int, int, int]:
     return ((p.num_blocks - 1) * p.block_stride + p.block_size * p.cache_stride if p.num_blocks else 0,
             (p.num_tokens - 1) * p.k_row_stride + p.head_dim * p.element_size,
             8 * ((p.num_tokens - 1) * p.slot_stride + 1))
-
-
-def _overlapping(k_p, sm_p, kv_p, extents) -> bool:
-    kv_n, k_n, sm_n = extents
-    kv_e = kv_p + kv_n
-    return (k_p < kv_e and kv_p < k_p + k_n) or (sm_p < kv_e and kv_p < sm_p + sm_n)
 
 
 # -- launching ---------------------------------------------------------------------------------
@@ -200,8 +192,9 @@ def _layout(p: QuantPlan, module=None, shape: str | None = None) -> QuantLayout:
         if vec and spec.vector_width(vec, p.element_size, p.head_dim, p.quant_block_size) != vec:
             continue  # a width this layout never takes, whatever k's alignment
         pv = p._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, p.element_size, p.head_dim))
-        cfg = launch_config(pv, shape)
-        launches[vec] = Launch(module or spec.MODULES[p.k_type, vec, call_shape(pv, shape)], cfg.entry, cfg.grid,
+        s = call_shape(pv, shape)
+        cfg = launch_config(pv, s)
+        launches[vec] = Launch(module or spec.MODULES[p.k_type, vec, s], cfg.entry, cfg.grid,
                                spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     low_bits = _low_bits(p)
     widths = fast_path.widths_by_alignment(
@@ -245,7 +238,8 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
             key = None
     if layout is not None:  # the fast path: only the pointer checks
         k_p, sm_p, kv_p = k.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
-        if not kv_p & 3 and not k_p % layout.element_size and not _overlapping(k_p, sm_p, kv_p, layout.extents):
+        if not kv_p & 3 and not k_p % layout.element_size and \
+                not fast_path.overlapping(kv_p, (k_p, sm_p), layout.extents):
             _run(layout, k_p, sm_p, kv_p)
             return
     plan = plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
