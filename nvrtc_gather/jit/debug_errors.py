@@ -1,6 +1,6 @@
 """Debug mode (NVRTC_GATHER_DEBUG=1): kernels record the first bad index they meet in a
 small device buffer, and the op raises ValueError describing it. This costs a device
-sync per call, so it is for debugging, not serving. runtime.LoadedModule.launch passes the
+sync per call, so it is for debugging, not serving. runtime.LoadedModule.launcher passes the
 buffer and calls raise_if_set.
 
 ERRORS is the host's side of the NG_ERR_* codes of cuda_src/common.cuh, by name;

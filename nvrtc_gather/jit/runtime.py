@@ -1,5 +1,5 @@
 """Kernels on a device: load a module's GPU code (from build.py) into the device's primary
-context once, and launch its entry points. Every op launches through ``LoadedModule.launch``.
+context once, and launch its entry points. Every launch goes through ``LoadedModule.launcher``.
 
 - ``load(module, device, stream)``: the module's loaded handle, built and loaded on first use
   and kept for the process; refuses to compile or load while ``stream`` captures a CUDA graph.
@@ -10,7 +10,6 @@ context once, and launch its entry points. Every op launches through ``LoadedMod
   NVRTC_GATHER_DEBUG=1 a device buffer that is read back after the launch (one sync) and
   turned into a ValueError naming the bad index. The ops keep one per layout and vector
   width (ops/fast_path.py), so a call is one Python call into the launcher, not a chain.
-- ``LoadedModule.launch(entry, grid, stream, image, pointers)``: the same, once, on a given stream.
 - ``preload(device)``: load every registered module now (before CUDA-graph capture).
 """
 from __future__ import annotations
@@ -69,11 +68,6 @@ class LoadedModule:
         self._context = driver.primary_context(device)
         self._threads = module.threads
         self._raw = driver.raw()
-
-    def launch(self, entry: str, grid: int, stream: int, image: spec.StructImage, pointers: tuple = ()) -> None:
-        """Launch ``entry`` with ``grid`` blocks on ``stream`` (a raw CUstream handle), the
-        parameter struct ``image`` with ``pointers`` written in."""
-        self.launcher(entry, grid, image, lambda device: stream)(pointers)
 
     def launcher(self, entry: str, grid: int, image: spec.StructImage,
                  stream_of: Callable[[int], int] | None = None):

@@ -74,7 +74,7 @@ def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
 def emu_launch(dll, params, entry: str, grid: int, fields: dict, err_ptr: int = 0) -> None:
     """Run ``entry`` of an emulator build on ``grid`` blocks with the struct ``params`` (a
     family's PARAMS) packed from ``fields`` (every field but the error buffer, by name) and
-    ``err_ptr``, as runtime.LoadedModule.launch packs it for the GPU."""
+    ``err_ptr``, as runtime.LoadedModule.launcher packs it for the GPU."""
     fn = ctypes.cast(getattr(dll, entry), ctypes.c_void_p)
     packed = params.pack(**fields, error=err_ptr)
     assert dll.emu_launch(fn, packed, grid) == params.layout.size  # the C++ struct has the same size

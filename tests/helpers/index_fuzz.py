@@ -60,7 +60,7 @@ def same_view(t: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
 
 
 def pack(params, fields: dict, err_ptr: int) -> bytes:
-    """The struct bytes runtime.LoadedModule.launch would pass: ``fields`` and the error buffer."""
+    """The struct bytes runtime.LoadedModule.launcher would pass: ``fields`` and the error buffer."""
     return params.pack(**fields, error=err_ptr)
 
 

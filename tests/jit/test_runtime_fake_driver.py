@@ -123,13 +123,14 @@ def test_launch_pushes_the_primary_context_only_when_another_is_current(fake):
     on0, on1 = runtime.load(gather_kernels.MODULES[16], 0), runtime.load(gather_kernels.MODULES[16], 1)
     entry = gather_kernels.MODULES[16].kernels[0]
     image = gather_kernels.PARAMS.image(**{n: 0 for n in gather_kernels.PARAMS.names if n != "error"})
+    go0, go1 = on0.launcher(entry, 3, image, lambda device: 0), on1.launcher(entry, 3, image, lambda device: 0)
     fake.current, fake.ctx_queries = 7, 0  # device 0's primary context is current: launched, nothing asked
-    on0.launch(entry, 3, 0, image)
+    go0(())
     assert (fake.launches, fake.refused, fake.ctx_queries) == ([(7, on0.functions[entry])], [], 0)
     fake.current = 7  # tensors on device 1 while device 0 is current
-    on1.launch(entry, 3, 0, image)
+    go1(())
     fake.current = 0  # a thread where no context is current
-    on0.launch(entry, 3, 0, image)
+    go0(())
     assert fake.launches == [(7, on0.functions[entry]), (8, on1.functions[entry]), (7, on0.functions[entry])]
     assert fake.refused == [(7, on1.functions[entry]), (0, on0.functions[entry])]  # each retried once, pushed
     assert fake.pushed == []  # every push popped
@@ -141,7 +142,8 @@ def test_a_launch_the_driver_refuses_in_its_own_context_raises(fake):
     fake.current, fake.ctx_queries = 7, 0
     fake.launch_ex = lambda *a: 701  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, say
     with pytest.raises(CudaError, match="cuLaunchKernelEx"):
-        on0.launch(entry, 3, 0, gather_kernels.PARAMS.image(**{n: 0 for n in gather_kernels.PARAMS.names if n != "error"}))
+        on0.launcher(entry, 3, gather_kernels.PARAMS.image(**{n: 0 for n in gather_kernels.PARAMS.names if n != "error"}),
+                     lambda device: 0)(())
     assert fake.ctx_queries == 1 and fake.pushed == []  # not retried: the right context was current
 
 
