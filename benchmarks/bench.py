@@ -37,6 +37,7 @@ from nvrtc_gather.jit.spec import Entry, KernelModule
 from nvrtc_gather.kernels import gather as gather_kernels
 from nvrtc_gather.ops import gather, indexer_k_quant, paged_layout
 from nvrtc_gather.ops.gather_torch import gather_torch
+import diagnostics
 from timing import flush_buffer, host_costs, l2_bytes, summarize, time_gpu, time_interleaved, time_samples
 
 HERE = Path(__file__).resolve().parent
@@ -52,9 +53,7 @@ GATHER_VARIANTS = (GATHER_CONTROL,)
 
 def variant_from_source(path: str) -> KernelModule:
     """A build of another gather source file (say, the previous version, saved beside the
-    checkout) with the op's entry points, timed beside the op with --gather-variant-source.
-    A file named ``diag_*`` is a timing-only diagnostic (say, the kernel without its index
-    loads): timed, not checked, since it is no correct gather."""
+    checkout) with the op's entry points, timed beside the op with --gather-variant-source."""
     src = Path(path).resolve()
     return dataclasses.replace(GATHER, name=f"variant_{src.stem}", source=src.name, source_dir=str(src.parent))
 
@@ -131,20 +130,28 @@ def _loop_path(w: Workload, k, s):
         s[a:a + n] = kv_s[ids].reshape(-1, 4 * NQ)[:n]
 
 
-def _baseline(w: Workload, k, s):
+def baseline_prepared(w: Workload, k, s):
+    """A no-argument launch of the linear-scan baseline on ``w`` into ``k``, ``s``: planned,
+    loaded and bound once, like the op's remembered layout (timed calls pay only the launch;
+    a plan per call would reach the events through the spin kernel on a slow host)."""
     dev = torch.cuda.current_device()
-    stream = runtime.current_stream(dev)
     p = gather.plan_gather(w.kv, k, s, w.block_table, w.cu)
     per = BASELINE_LINEAR_SCAN.threads // 32
     fields = gather.struct_fields(p)
-    image = gather_kernels.PARAMS.image(**{n: v for n, v in fields.items() if n not in gather_kernels.PARAMS.pointer_names})
-    runtime.load(BASELINE_LINEAR_SCAN, dev, stream).launch("baseline_linear_scan", (p.num_tokens + per - 1) // per,
-                                                          stream, image, tuple(fields[n] for n in image.pointers))
+    names = gather_kernels.PARAMS.pointer_names
+    image = gather_kernels.PARAMS.image(**{n: v for n, v in fields.items() if n not in names})
+    go = runtime.load(BASELINE_LINEAR_SCAN, dev, runtime.current_stream(dev)).launcher(
+        "baseline_linear_scan", (p.num_tokens + per - 1) // per, image)
+    pointers = tuple(fields[n] for n in names)
+
+    def run(_keep=(w, k, s)):
+        go(pointers)
+    return run
 
 
 def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = (), workloads=WORKLOADS) -> list[dict]:
-    """One row per workload; ``variants`` (benchmark builds of GATHER) are checked (but
-    diagnostics) and timed interleaved with the op, as ``<name>_us``."""
+    """One row per workload; ``variants`` (benchmark builds of GATHER) are checked (but the
+    timing-only diagnostics, diagnostics.py) and timed interleaved with the op, as ``<name>_us``."""
     l2, flush = l2_bytes(), flush_buffer()
     rows = []
     for batch, mean in workloads:
@@ -153,7 +160,7 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = (), worklo
         _torch_path(w, ref_k, ref_s)
         impls = {
             "op": lambda k, s: gather.cp_gather_indexer_k_quant_cache(w.kv, k, s, w.block_table, w.cu),
-            "baseline": lambda k, s: _baseline(w, k, s),
+            "baseline": lambda k, s: baseline_prepared(w, k, s)(),
             "torch": lambda k, s: _torch_path(w, k, s),
         }
         if batch <= loop_max_batch:
@@ -177,8 +184,7 @@ def bench_workloads(reps: int, loop_max_batch: int, variants: tuple = (), worklo
         # Every gather kernel is timed writing one pair of output buffers (the same bytes, as
         # checked above), so buffer placement is no difference between them.
         k, s = outs["op"]
-        fast = {"op": lambda: impls["op"](k, s), "baseline": lambda: impls["baseline"](k, s),
-                "copy": lambda: dst.copy_(src)}
+        fast = {"op": lambda: impls["op"](k, s), "baseline": baseline_prepared(w, k, s), "copy": lambda: dst.copy_(src)}
         fast.update({m.name: gather.prepared(w.kv, k, s, w.block_table, w.cu, module=m) for m in variants})
         summarize(row, time_samples(fast, flush, n))
         for name in impls.keys() - fast.keys():
@@ -434,6 +440,8 @@ def main(argv=None) -> int:
                     help="also check and time the benchmark builds of the gather kernel (GATHER_VARIANTS)")
     ap.add_argument("--gather-variant-source", action="append", default=[], metavar="FILE",
                     help="also check and time a build of this gather source (repeatable)")
+    ap.add_argument("--gather-diagnostic", action="append", default=[], choices=sorted(diagnostics.DIAGNOSTICS),
+                    help="also time a timing-only diagnostic build of the gather (diagnostics.py; not checked)")
     ap.add_argument("--workloads", default="",
                     help="comma-separated gather workloads (BATCHxMEAN, say 1x131072,8x100) instead of all; "
                          "for experiments, not the record")
@@ -453,7 +461,8 @@ def main(argv=None) -> int:
     print(env)
     print(HEADER)
     variants = (GATHER_VARIANTS if args.gather_variants else ()) + tuple(
-        variant_from_source(f) for f in args.gather_variant_source)
+        variant_from_source(f) for f in args.gather_variant_source) + tuple(
+        diagnostics.diagnostic_module(d) for d in args.gather_diagnostic)
     workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")] if args.workloads \
         else WORKLOADS
     rows = bench_workloads(args.reps, args.loop_max_batch, variants, workloads)

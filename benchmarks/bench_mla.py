@@ -154,10 +154,10 @@ def gather_baseline(w: GatherWorkload, dst: torch.Tensor):
         block_stride=p.block_stride, entry_stride=p.entry_stride, dst_row_stride=p.dst_row_stride,
         bt_row_stride=p.bt_row_stride, num_rows=p.num_rows, batch=p.batch, block_size=p.block_size, unused=0)
     grid = -(-p.num_rows // p.block_size) + 2 * p.batch
-    handle = runtime.load(BASELINE_MLA_GATHER, dev, runtime.current_stream(dev))
+    go = runtime.load(BASELINE_MLA_GATHER, dev, runtime.current_stream(dev)).launcher("baseline_mla_gather", grid, image)
 
-    def run(_keep=(w, dst)):
-        handle.launch("baseline_mla_gather", grid, runtime.current_stream(dev), image)
+    def run(_keep=(w, dst)):  # launched on torch's current stream, bound once like the op's layout
+        go(())
     return run
 
 
@@ -236,10 +236,11 @@ def write_baseline(w: WriteWorkload, cache: torch.Tensor):
         kv_c=p.kv_c_ptr, k_pe=p.k_pe_ptr, slot_mapping=p.slot_ptr, kv_cache=p.kv_ptr,
         kv_c_row_stride=p.kv_c_row_stride, k_pe_row_stride=p.k_pe_row_stride, block_stride=p.block_stride,
         entry_stride=p.entry_stride, num_tokens=p.num_tokens, block_size=p.block_size)
-    handle = runtime.load(BASELINE_MLA_WRITE, dev, runtime.current_stream(dev))
+    go = runtime.load(BASELINE_MLA_WRITE, dev, runtime.current_stream(dev)).launcher("baseline_mla_write", p.num_tokens,
+                                                                                     image)
 
-    def run(_keep=(w, cache)):
-        handle.launch("baseline_mla_write", p.num_tokens, runtime.current_stream(dev), image)
+    def run(_keep=(w, cache)):  # launched on torch's current stream, bound once like the op's layout
+        go(())
     return run
 
 

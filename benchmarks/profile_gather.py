@@ -42,7 +42,7 @@ def run(workloads) -> None:
         args = (w.kv, k, s, w.block_table, w.cu)
         for label, module, tpc in configs():
             if module == "baseline":
-                fn = lambda: bench._baseline(w, k, s)  # noqa: E731
+                fn = bench.baseline_prepared(w, k, s)
             else:
                 fn = gather.prepared(*args, module=module, tokens_per_cta=tpc)
             for _ in range(REPS):

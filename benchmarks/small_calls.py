@@ -18,7 +18,7 @@ for rnd in range(3):
         k, s = w.outputs()
         src = torch.randint(0, 256, (w.tokens * 132,), dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        fns = {"op": gather.prepared(w.kv, k, s, w.block_table, w.cu), "linear_scan": lambda: bench._baseline(w, k, s),
+        fns = {"op": gather.prepared(w.kv, k, s, w.block_table, w.cu), "linear_scan": bench.baseline_prepared(w, k, s),
                "copy": lambda: dst.copy_(src)}
         row = {}
         summarize(row, time_samples(fns, flush, 600))
