@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU in one go (one device call): the test suite, the CLI as a
 # user runs it, the GPU tests again under compute-sanitizer memcheck, and the benchmark.
-#   scripts/gpu_check.sh [tests] [cli] [quick] [gpu] [memcheck] [racecheck] [resources] [bench] [bench_mla] [PATH ...]
+#   scripts/gpu_check.sh [tests] [cli] [quick] [gpu] [twogpu] [memcheck] [racecheck] [resources] [bench] [bench_mla] [PATH ...]
 #   (default: tests cli memcheck bench; cli = demo, info, warmup, cache list / verify --arch of this
 #   GPU in a fresh cache directory; quick = the GPU tests without the slow ones; gpu = tests/gpu
-#   and tests/integrations, slow ones included;
+#   and tests/integrations, slow ones included; twogpu = tests/gpu/test_two_gpus.py alone (tensor-parallel
+#   workers, one per GPU, and one process on two GPUs; its 2-GPU parts skip with the reason on one GPU);
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
 #   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/profile_gather.py);
 #   bench = benchmarks/bench.py, the MLA-cache ops' tables included (benchmarks/bench_mla.py; --skip-mla
@@ -37,6 +38,9 @@ for stage in $stages; do
       python3 -m pytest -q -rs -p no:cacheprovider -m "gpu and not slow" tests 2>&1 | tee "$OUT/quick.log" | tail -25 || status=1 ;;
     gpu)
       python3 -m pytest -q -rs -p no:cacheprovider tests/gpu tests/integrations 2>&1 | tee "$OUT/gpu.log" | tail -25 || status=1 ;;
+    twogpu)
+      nvidia-smi -L
+      python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_two_gpus.py 2>&1 | tee "$OUT/twogpu.log" | tail -25 || status=1 ;;
     memcheck)
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py tests/gpu/test_index_extremes_gpu.py -k "not second_process" 2>&1 \
