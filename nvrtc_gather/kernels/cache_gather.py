@@ -51,7 +51,8 @@ def _module(conversion: str, widths: tuple[int, int], suffix: str) -> KernelModu
         name=f"cache_gather_{conversion}{suffix}", source="cache_gather.cu",
         entries=(Entry(entry_name(conversion, *widths),
                        f"cache_gather_body<{widths[0]}, {fp8}, {out}, {unroll(conversion)}, {widths[1]}>"),),
-        params=PARAMS, label="cp_gather_cache" if conversion == "copy" else "gather_and_maybe_dequant_cache",
+        params=PARAMS, label="cp_gather_cache or gather_and_maybe_dequant_cache" if conversion == "copy"
+        else "gather_and_maybe_dequant_cache",
         options=_OPTIONS, threads=THREADS)
 
 
