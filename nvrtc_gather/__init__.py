@@ -8,6 +8,9 @@ Public API:
                          ds_scale_rule="pow2")
     cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, workspace_starts, batch_size,
                                          seq_starts=None)
+    cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None)
+    gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                                   kv_cache_dtype, scale, seq_starts=None)
     preload(device=None)   compile/load every kernel now (e.g. before CUDA-graph capture)
 """
 import logging
@@ -16,6 +19,7 @@ from ._version import __version__
 from .errors import (CacheLocationError, CaptureError, CompileError, CudaError, InvalidSettingError, JitDisabledError,
                      MissingDependencyError, NvrtcGatherError)
 from .jit.runtime import preload
+from .ops.cache_gather import cp_gather_cache, gather_and_maybe_dequant_cache
 from .ops.gather import cp_gather_indexer_k_quant_cache  # importing an op registers torch.ops.nvrtc_gather.*
 from .ops.indexer_k_quant import indexer_k_quant_and_cache
 from .ops.mla_gather import cp_gather_and_upconvert_fp8_kv_cache
@@ -31,6 +35,8 @@ __all__ = [
     "indexer_k_quant_and_cache",
     "concat_and_cache_mla",
     "cp_gather_and_upconvert_fp8_kv_cache",
+    "cp_gather_cache",
+    "gather_and_maybe_dequant_cache",
     "preload",
     "NvrtcGatherError",
     "MissingDependencyError",
