@@ -33,6 +33,7 @@ template <> struct Vec<4> { typedef u32 T; };
 #define NG_ERR_SLOT 7               // slot_mapping entry past the cache's last slot
 #define NG_ERR_WS_ORDER 8           // workspace_starts entry negative or below the one before
 #define NG_ERR_SEQ_START 9          // seq_starts entry negative
+#define NG_ERR_CU_NEGATIVE 10       // cu_seq_lens entry negative (where a nonzero start is allowed)
 
 // x / d for x >= 0, d > 0: a shift when d is a power of two (block sizes, vectors
 // per row and scales per row usually are), since integer division costs ~20

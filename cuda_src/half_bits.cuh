@@ -1,6 +1,6 @@
 // 16-bit floats <-> fp32 by their bits, shared by the kernels (no cuda_fp16.h / cuda_bf16.h
 // under NVRTC). Every function is exact or rounds to nearest even, as torch's conversions do;
-// NaN results are the GPU's canonical NaNs (fp32 0x7fffffff, bf16 0x7fff).
+// NaN results are the GPU's canonical NaNs (fp32 0x7fffffff, bf16 and fp16 0x7fff).
 #pragma once
 #include "common.cuh"
 #include "fp8_e4m3.cuh"  // NG_SOFT_FP8
@@ -28,6 +28,27 @@ __device__ __forceinline__ u32 ng_bf16x2_from_float(float lo, float hi) {
     return d;
 #else
     return ng_bf16_from_float(lo) | (ng_bf16_from_float(hi) << 16);
+#endif
+}
+
+// fp32 -> fp16 bits, round to nearest even, overflow to inf, subnormals kept; NaN -> 0x7fff.
+// On the GPU one cvt.rn.f16.f32 (vLLM's float_to_half); elsewhere (the host emulator) the same
+// rounding by bits: the normal range rebiased and rounded on the 13 dropped bits, the
+// subnormal range by one IEEE add of 0.5f, whose ulp (2^-24) is fp16's subnormal step.
+__device__ __forceinline__ u32 ng_half_from_float(float f) {
+#if defined(__CUDA_ARCH__)
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    const u32 b = __float_as_uint(f), a = b & 0x7fffffffu, sign = (b >> 16) & 0x8000u;
+    if (a > 0x7f800000u) return 0x7fffu;
+    if (a >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 (the tie above 65504): inf
+    if (a >= 0x38800000u) {                       // >= 2^-14: normal
+        const u32 r = a - 0x38000000u;            // exponent rebiased 127 -> 15
+        return sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+    }
+    return sign | (__float_as_uint(__fadd_rn(__uint_as_float(a), 0.5f)) - 0x3f000000u);
 #endif
 }
 

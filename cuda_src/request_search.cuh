@@ -24,3 +24,14 @@ __device__ __forceinline__ int warp_find_request(const i32* starts, int batch, i
     return lo;
 }
 
+
+// The request of ``row`` among [lo, hi), the range the warp search gave for the rows of a
+// tile: the largest r there with starts[r] <= row (lo if none). One thread per row; those
+// entries are in L1 after the search. Callers check starts[r] <= row < their stop.
+__device__ __forceinline__ int narrow_request(const i32* starts, int lo, int hi, int row) {
+    while (hi - lo > 1) {
+        const int mid = (int)(((u32)lo + (u32)hi) >> 1);
+        if (__ldg(starts + mid) <= row) lo = mid; else hi = mid;
+    }
+    return lo;
+}

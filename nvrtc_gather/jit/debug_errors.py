@@ -22,6 +22,7 @@ ERRORS = {  # name -> (code, message with the kernel's details a, b, c)
     "NG_ERR_WS_ORDER": (8, "workspace_starts: entry {a} = {b} is negative or below the entry before it ({c}); "
                            "starts must be non-negative and non-decreasing"),
     "NG_ERR_SEQ_START": (9, "seq_starts: entry {a} = {b} is negative"),
+    "NG_ERR_CU_NEGATIVE": (10, "cu_seq_lens: entry {a} = {b} is negative"),
 }
 _MESSAGES = {code: message for code, message in ERRORS.values()}
 

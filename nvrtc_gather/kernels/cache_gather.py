@@ -1,6 +1,6 @@
 """The chunked-context cache gathers (cuda_src/cache_gather.cu: cp_gather_cache and
-gather_and_maybe_dequant_cache): the parameter struct, one module per conversion, their entry
-points (one per vector width), and the tile policy. Torch-free."""
+gather_and_maybe_dequant_cache): the parameter struct, two modules per conversion (the widest
+loads and stores, and any alignment), and the tile policy. Torch-free."""
 from __future__ import annotations
 
 from ..jit.spec import Entry, KernelModule, ParamStruct, register
@@ -15,8 +15,7 @@ PARAMS = ParamStruct("CacheGatherParams", (
     ("row_vecs", "i32"), ("rows_per_cta", "i32"), ("reserved", "i32"),
     ("error", "ptr"),
 ))
-VECTOR_WIDTHS = (16, 8, 4)  # source bytes per load; the host picks the widest the pointers allow
-UNROLL = 4                  # loads in flight per thread
+VECTOR_WIDTHS = (16, 8, 4)  # bytes per load / store; the host picks the widest the pointers allow
 # conversion -> (fp8 format of the source: 0 none (byte copy), 1 e4m3, 2 e5m2; output type:
 # 0 bytes as read, 1 bf16, 2 fp16, 3 fp32; output bytes per source byte)
 CONVERSIONS = {
@@ -28,44 +27,69 @@ CONVERSIONS = {
 _OPTIONS = ("--fmad=false", "--ftz=false")
 
 
-def entry_name(conversion: str, vec: int) -> str:
-    return f"cache_gather_{conversion}_v{vec}"
+def widest(conversion: str) -> tuple[int, int]:
+    """The (load, store) byte widths of a conversion's fast entry point: 16-byte stores, and
+    loads of 16 / out-size bytes (one load's output is one store, so both are coalesced)."""
+    return 16 // CONVERSIONS[conversion][2], 16
 
 
-# One module per conversion: an engine gathers one cache format into one dtype, so its first
-# call compiles only that.
-MODULES = {conv: KernelModule(
-    name=f"cache_gather_{conv}", source="cache_gather.cu",
-    entries=tuple(Entry(entry_name(conv, vec), f"cache_gather_body<{vec}, {fp8}, {out}, {UNROLL}>")
-                  for vec in VECTOR_WIDTHS),
-    params=PARAMS, label="cp_gather_cache" if conv == "copy" else "gather_and_maybe_dequant_cache",
-    options=_OPTIONS, threads=THREADS,
-) for conv, (fp8, out, _) in CONVERSIONS.items()}
+ANY = (4, 4)  # the entry point for any 4-byte aligned layout
+
+
+def unroll(conversion: str) -> int:
+    """Loads in flight per thread: 64 source bytes at the widest load."""
+    return 4 * CONVERSIONS[conversion][2]
+
+
+def entry_name(conversion: str, vec: int, svec: int) -> str:
+    return f"cache_gather_{conversion}_l{vec}_s{svec}"
+
+
+def _module(conversion: str, widths: tuple[int, int], suffix: str) -> KernelModule:
+    fp8, out, _ = CONVERSIONS[conversion]
+    return KernelModule(
+        name=f"cache_gather_{conversion}{suffix}", source="cache_gather.cu",
+        entries=(Entry(entry_name(conversion, *widths),
+                       f"cache_gather_body<{widths[0]}, {fp8}, {out}, {unroll(conversion)}, {widths[1]}>"),),
+        params=PARAMS, label="cp_gather_cache" if conversion == "copy" else "gather_and_maybe_dequant_cache",
+        options=_OPTIONS, threads=THREADS)
+
+
+# Two modules per conversion, one entry point each (a dequantizing entry point takes 0.3-0.6 s to
+# compile on a 2-core machine): the widest, which aligned tensors take, and ANY, compiled only
+# when a call's pointers or strides are not 16-byte aligned. An engine gathers one cache format
+# into one dtype, so its first call compiles one module.
+MODULES = {(conv, w): _module(conv, w, "" if w != ANY else "_any")
+           for conv in CONVERSIONS for w in (widest(conv), ANY)}
 register(*MODULES.values())
 
 
-def src_width(bits: int) -> int:
-    """Widest source load the OR of the source's pointer, strides and row bytes allows (4
-    always does: the op checks 4-byte alignment)."""
+def load_width(bits: int, conversion: str) -> int:
+    """Widest load the OR of the source's pointer, strides and entry bytes allows, at most 16 /
+    out-size bytes (4 always does: the op checks 4-byte alignment and whole words per entry)."""
+    most = 16 // CONVERSIONS[conversion][2]
+    return next((v for v in VECTOR_WIDTHS if v <= most and not bits % v), 4)
+
+
+def store_width(bits: int) -> int:
+    """Widest store the OR of the destination's pointer, row stride and row bytes allows."""
     return 16 if not bits & 15 else (8 if not bits & 7 else 4)
 
 
-def dst_width(bits: int, out_per_byte: int) -> int:
-    """Widest source load whose converted bytes (``out_per_byte`` times as many) the OR of the
-    destination's pointer, stride and row bytes can take in stores of up to 16 bytes."""
-    for vec in VECTOR_WIDTHS:
-        if not bits % min(16, vec * out_per_byte):
-            return vec
-    return 4
+def pick(conversion: str, load: int, store: int) -> tuple[int, int]:
+    """The (load, store) widths of a call whose source allows ``load`` and destination ``store``:
+    the widest entry point where both allow it, else ANY."""
+    w = widest(conversion)
+    return w if load >= w[0] and store >= w[1] else ANY
 
 
 # -- tile policy ------------------------------------------------------------------------------
-BYTES_PER_CTA = 16384   # source bytes one block moves: 4 16-byte loads in flight per thread
+BYTES_PER_CTA = 16384   # source bytes one block moves: all its loads in flight at once (unroll)
 MIN_ROWS_PER_CTA = WARPS
 
 
 def rows_per_cta(row_bytes: int, num_rows: int, sm_count: int) -> int:
-    """Rows per thread block: 16 KiB of source bytes (UNROLL 16-byte loads per thread), but
+    """Rows per thread block: 16 KiB of source bytes (64 per thread: one sweep of loads), but
     small calls spread over every SM (about two blocks each) since latency bounds them."""
     most = max(1, min(THREADS, BYTES_PER_CTA // row_bytes))
     spread = -(-num_rows // (2 * sm_count))

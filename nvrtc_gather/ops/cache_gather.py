@@ -33,6 +33,7 @@ class CacheGatherPlan(NamedTuple):
     device: int               # CUDA ordinal, -1 for CPU
     conversion: str           # a key of spec.CONVERSIONS
     vec: int                  # source bytes per load (16, 8, 4)
+    svec: int                 # destination bytes per store (16, 8, 4)
     rows_per_cta: int         # 0 on CPU
     num_rows: int             # dst rows the requests may cover (T)
     batch: int
@@ -137,12 +138,13 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
     max_blocks = block_table.shape[1]
     for name, what, value in (("dst", f"{rows_name} + {spec.THREADS}", num_rows + spec.THREADS),
                               ("src_cache", "num_blocks", num_blocks), ("src_cache", "block_size", block_size),
-                              ("block_table", "max_blocks", max_blocks), ("src_cache", "entry bytes", row_bytes)):
+                              ("block_table", "max_blocks", max_blocks), ("cu_seq_lens", "entries", batch + 1),
+                              ("src_cache", "entry bytes + 64 KiB", row_bytes + 65536)):
         checks.fits_int32(name, what, value)
     dst_row_bytes = row_bytes * spec.CONVERSIONS[conversion][2]
     s0, s1 = src_cache.stride(0) * src_cache.element_size(), src_cache.stride(1) * src_cache.element_size()
     plan = CacheGatherPlan(
-        device=dev.index if dev.type == "cuda" else -1, conversion=conversion, vec=4, rows_per_cta=0,
+        device=dev.index if dev.type == "cuda" else -1, conversion=conversion, vec=4, svec=4, rows_per_cta=0,
         num_rows=num_rows, batch=batch, max_blocks=max_blocks, num_blocks=num_blocks, block_size=block_size,
         row_bytes=row_bytes, dst_row_bytes=dst_row_bytes,
         block_stride=s0 if num_blocks > 1 else block_size * s1, entry_stride=s1 if block_size > 1 else row_bytes,
@@ -163,21 +165,26 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
         if fast_path.overlapping(plan.dst_ptr, _read_pointers(plan), extents):
             checks.disjoint_from("dst", plan.dst_ptr, ("src_cache", "block_table", "cu_seq_lens", "seq_starts", "scale"),
                                  _read_pointers(plan), extents)
-    src_w, dst_w = _width_tables(plan)
-    plan = plan._replace(vec=min(src_w[plan.src_ptr & 15], dst_w[plan.dst_ptr & 15]))
+    vec, svec = _width_table(plan)[_alignment(plan.src_ptr, plan.dst_ptr)]
+    plan = plan._replace(vec=vec, svec=svec)
     if plan.device < 0:
         return plan
     return plan._replace(rows_per_cta=spec.rows_per_cta(row_bytes, num_rows, driver.sm_count(plan.device)))
 
 
-def _width_tables(p: CacheGatherPlan) -> tuple[tuple, tuple]:
-    """The widest load by the low 4 bits of the source's and the destination's data pointers
-    (the call's vector width is the smaller of the two)."""
-    out = spec.CONVERSIONS[p.conversion][2]
+def _alignment(src_ptr: int, dst_ptr: int) -> int:
+    """The index of a call's data pointers' low 4 bits in _width_table."""
+    return (src_ptr & 15) << 4 | (dst_ptr & 15)
+
+
+def _width_table(p: CacheGatherPlan) -> tuple:
+    """The (load, store) widths by _alignment(src_ptr, dst_ptr): the widest load the source's
+    pointer, strides and entry bytes allow, the widest store the destination's (spec.pick)."""
     src_bits = p.block_stride | p.entry_stride | p.row_bytes
     dst_bits = (p.dst_row_stride if p.num_rows > 1 else 0) | p.dst_row_bytes
-    return (fast_path.widths_by_alignment(lambda bits: spec.src_width(bits | src_bits)),
-            fast_path.widths_by_alignment(lambda bits: spec.dst_width(bits | dst_bits, out)))
+    loads = fast_path.widths_by_alignment(lambda bits: spec.load_width(bits | src_bits, p.conversion))
+    stores = fast_path.widths_by_alignment(lambda bits: spec.store_width(bits | dst_bits))
+    return tuple(spec.pick(p.conversion, loads[a], stores[b]) for a in range(16) for b in range(16))
 
 
 # -- extents and overlap: one definition for the full checks and the fast path -----------------
@@ -205,11 +212,10 @@ class CacheGatherLayout(NamedTuple):
     """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
 
     device: int
-    src_widths: tuple  # widest load by src_cache's pointer's low 4 bits
-    dst_widths: tuple  # widest load by dst's pointer's low 4 bits
+    widths: tuple      # (load, store) widths by _alignment(src_ptr, dst_ptr)
     extents: tuple     # _extents of the plan
-    launches: dict     # vector width -> fast_path.Launch
-    launchers: dict    # vector width -> launcher, made on first use (fast_path.bind)
+    launches: dict     # (load, store) widths -> fast_path.Launch
+    launchers: dict    # (load, store) widths -> launcher, made on first use (fast_path.bind)
 
 
 def struct_fields(p: CacheGatherPlan) -> dict:
@@ -223,25 +229,24 @@ def struct_fields(p: CacheGatherPlan) -> dict:
 
 def launch_config(p: CacheGatherPlan) -> LaunchConfig:
     """The launch of a validated call with rows and requests."""
-    return LaunchConfig(spec.entry_name(p.conversion, p.vec), spec.grid(p.num_rows, p.rows_per_cta), struct_fields(p))
+    return LaunchConfig(spec.entry_name(p.conversion, p.vec, p.svec), spec.grid(p.num_rows, p.rows_per_cta),
+                        struct_fields(p))
 
 
 def _layout(p: CacheGatherPlan, module=None) -> CacheGatherLayout:
+    widths = _width_table(p)
     launches = {}
-    for vec in spec.VECTOR_WIDTHS:
-        if p.row_bytes % vec:
-            continue
-        cfg = launch_config(p._replace(vec=vec))
-        launches[vec] = Launch(module or spec.MODULES[p.conversion], cfg.entry, cfg.grid,
-                               spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
-    src_w, dst_w = _width_tables(p)
-    return CacheGatherLayout(p.device, src_w, dst_w, _extents(p), launches, {})
+    for vec, svec in set(widths):
+        cfg = launch_config(p._replace(vec=vec, svec=svec))
+        launches[vec, svec] = Launch(module or spec.MODULES[p.conversion, (vec, svec)], cfg.entry, cfg.grid,
+                                     spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
+    return CacheGatherLayout(p.device, widths, _extents(p), launches, {})
 
 
 def _run(layout: CacheGatherLayout, ptrs: tuple) -> None:
     """Launch a call of ``layout`` whose pointers (struct order) passed the checks."""
-    vec = min(layout.src_widths[ptrs[0] & 15], layout.dst_widths[ptrs[1] & 15])
-    (layout.launchers.get(vec) or fast_path.bind(layout, vec))(ptrs)
+    widths = layout.widths[(ptrs[0] & 15) << 4 | (ptrs[1] & 15)]
+    (layout.launchers.get(widths) or fast_path.bind(layout, widths))(ptrs)
 
 
 def _pointers(p: CacheGatherPlan) -> tuple:

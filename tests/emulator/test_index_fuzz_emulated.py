@@ -1,7 +1,7 @@
 """Index fuzzing of both kernels on the host emulator (tests/helpers/cuda_host_emu.cpp): random and
 extreme int32 values of cu_seq_lens and block_table, int64 values of slot_mapping, through
-every entry point of cuda_src/gather_indexer_k.cu and cuda_src/quant_cache.cu, with and
-without the debug error buffer.
+every entry point of cuda_src/gather_indexer_k.cu, cuda_src/quant_cache.cu, the MLA kernels and
+cuda_src/cache_gather.cu, with and without the debug error buffer.
 
 The contract (docs/contract.md §3): for every index value the kernels read and write only
 the tensors they are given; a row with bad indices is skipped (and reported in debug mode),
@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from helpers.host_emu import emulator
-from helpers.index_fuzz import (GATHER_ENTRIES, GATHER_KINDS, GATHER_REPEATS, MLA_GATHER_ENTRIES, MLA_GATHER_KINDS,
+from helpers.index_fuzz import (CACHE_GATHER_ENTRIES, CACHE_GATHER_IDS, CACHE_GATHER_KINDS, CACHE_GATHER_REPEATS,
+                                Launch, cache_gather_case, cache_gather_launch, check_cache_gather, GATHER_ENTRIES, GATHER_KINDS, GATHER_REPEATS, MLA_GATHER_ENTRIES, MLA_GATHER_KINDS,
                                 MLA_GATHER_REPEATS, MLA_WRITE_ENTRIES, MLA_WRITE_IDS, MLA_WRITE_KINDS,
-                                MLA_WRITE_REPEATS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS, QUANT_REPEATS, Launch,
+                                MLA_WRITE_REPEATS, QUANT_ENTRIES, QUANT_IDS, QUANT_KINDS, QUANT_REPEATS,
                                 check_gather, check_mla_gather, check_mla_write, check_quant, gather_case,
                                 gather_launch, launch_problem, mla_gather_case, mla_gather_launch, mla_write_case,
                                 mla_write_launch, pack, quant_case, quant_launch, run_isolated)
@@ -109,3 +110,24 @@ def test_mla_write_slot_fuzz(mla_write_emu, fmt, dt, vec, debug):
     outcomes = run_isolated(mla_write_emu, [mla_write_launch(c, fmt, dt, vec, debug) for c in cases])
     for c, outcome in zip(cases, outcomes):
         check_mla_write(c, debug, outcome)
+
+
+# --- the chunked-context gathers --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cache_gather_emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="cache_gather")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("conversion,widths", CACHE_GATHER_ENTRIES, ids=CACHE_GATHER_IDS)
+def test_cache_gather_index_fuzz(cache_gather_emu, conversion, widths, debug):
+    """Any int32 in cu_seq_lens, seq_starts and block_table (negative, huge, decreasing): only
+    the given tensors are read (the scale only by the dequantizing entry points), a row is
+    written only with a reading its indices allow (exactly it, for well-formed cu_seq_lens),
+    nothing else in the arena changes; debug mode reports exactly when something is bad."""
+    cases = [cache_gather_case(f"cache-gather-{conversion}-{widths}-{kind}-{rep}", kind, conversion, widths)
+             for rep in range(CACHE_GATHER_REPEATS) for kind in CACHE_GATHER_KINDS]
+    outcomes = run_isolated(cache_gather_emu, [cache_gather_launch(c, widths, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_cache_gather(c, debug, outcome)

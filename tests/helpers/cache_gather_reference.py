@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tests.helpers.mla_reference import bf16_from_f32_array, e4m3_value
+from helpers.mla_reference import bf16_from_f32_array, e4m3_value
 
 SENTINEL = 0xA5
 F32 = np.float32

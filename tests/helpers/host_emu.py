@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nvrtc_gather.jit import sources
-from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
+from nvrtc_gather.kernels import cache_gather, gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
 
 _BUILDS: dict = {}
 # kernel -> its family's modules: one emulator build holds every entry point of the family
@@ -19,6 +19,7 @@ KERNELS = {
     "mla_write": {**{("ds", k): m for k, m in mla_cache.DS_MODULES.items()},
                   **{("plain", k): m for k, m in mla_cache.PLAIN_MODULES.items()}},
     "mla_gather": {"gather": mla_cache.GATHER_MODULE},
+    "cache_gather": cache_gather.MODULES,
 }
 
 

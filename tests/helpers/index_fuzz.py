@@ -761,3 +761,172 @@ def check_mla_write(c: MlaWriteFuzz, debug: bool, outcome) -> None:
                for n, t in (("kv_c", w.kv_c), ("k_pe", w.k_pe), ("kv_cache", w.kv_cache),
                             ("slot_mapping", w.slot_mapping), ("err", c.err))}
     assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {c.desc}"
+
+
+# --- the chunked-context gathers (cuda_src/cache_gather.cu) ----------------------------------------
+
+def _cache_gather_entries():
+    from nvrtc_gather.kernels import cache_gather as spec
+    return list(spec.MODULES)
+
+
+CACHE_GATHER_ENTRIES = _cache_gather_entries()   # (conversion, (load, store) widths): every module
+CACHE_GATHER_IDS = [f"{conv}-l{w[0]}-s{w[1]}" for conv, w in CACHE_GATHER_ENTRIES]
+# valid: good indices (debug mode silent); monotone / chaos / random: cu_seq_lens of the pool,
+# any order, any int32; bad_ids: good cu_seq_lens, block ids and seq_starts just outside.
+CACHE_GATHER_KINDS = ("valid", "bad_ids", "monotone", "chaos", "random")
+CACHE_GATHER_REPEATS = 3
+
+
+@dataclass
+class CacheGatherFuzz:
+    seed: str
+    kind: str
+    conversion: str
+    block_size: int
+    num_blocks: int
+    num_rows: int
+    rows_per_cta: int
+    cu: list
+    seq: list | None
+    bt: list
+    arena: Arena = field(repr=False)
+    tensors: tuple = field(repr=False)  # src_cache, dst, block_table, cu_seq_lens, seq_starts (or None), scale
+    err: torch.Tensor = field(repr=False)
+    desc: str = field(default="", repr=False)
+    before: torch.Tensor = field(default=None, repr=False)
+
+
+def cache_gather_case(seed: str, kind: str, conversion: str, widths: tuple) -> CacheGatherFuzz:
+    from nvrtc_gather.kernels import cache_gather as spec
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 3, 16])
+    n = rng.randint(1, 20)
+    batch = rng.randint(1, 5)
+    nb = rng.randint(1, 3)
+    mb = rng.randint(1, 4)
+    pool = int32_pool(rng, n)
+    if kind in ("valid", "bad_ids"):
+        cu = sorted(rng.randint(0, n + 2) for _ in range(batch + 1))
+    elif kind == "monotone":
+        cu = sorted(rng.choice(pool) for _ in range(batch + 1))
+    elif kind == "chaos":
+        cu = [rng.choice(pool) for _ in range(batch + 1)]
+    else:
+        cu = [rng.randint(I32_MIN, I32_MAX) for _ in range(batch + 1)]
+    with_seq = rng.random() < 0.6
+    if kind == "valid":
+        seq = [rng.randint(0, 2 * bs) for _ in range(batch)] if with_seq else None
+        need = max([1] + [-(-((seq[r] if seq else 0) + max(0, min(cu[r + 1], n) - cu[r])) // bs)
+                          for r in range(batch)])
+        mb = need + rng.randint(0, 1)
+        bt = [[rng.randrange(nb) for _ in range(mb)] for _ in range(batch)]
+    else:
+        seq_pool = [I32_MIN, -1, 0, 0, 1, bs, mb * bs - 1, mb * bs, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
+        seq = [rng.choice(seq_pool) if rng.random() < 0.4 else rng.randint(0, bs) for _ in range(batch)] \
+            if with_seq else None
+        bt_pool = [I32_MIN, -1, nb, nb + 1, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
+        bt = [[rng.choice(bt_pool) if rng.random() < 0.3 else rng.randrange(nb) for _ in range(mb)]
+              for _ in range(batch)]
+        if kind == "random":
+            bt = [[rng.randint(I32_MIN, I32_MAX) for _ in range(mb)] for _ in range(batch)]
+    rpc = rng.choice([1, 8, 16, 64])
+
+    a = Arena()
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
+    fast = widths != spec.ANY
+    width = rng.choice([16, 48, 64])                  # source bytes per entry
+    out = spec.CONVERSIONS[conversion][2]
+    entry = width + (0 if fast else rng.choice([0, 4]))
+    block_stride = bs * entry + rng.choice([0, 16])
+    src_bytes = a.alloc((nb - 1) * block_stride + (bs - 1) * entry + width)
+    src_bytes.copy_(torch.randint(0, 256, src_bytes.shape, dtype=torch.uint8, generator=gen))
+    src = src_bytes.as_strided((nb, bs, width), (block_stride, entry, 1))
+    if conversion != "copy" and rng.random() < 0.5:
+        src = src.view(torch.float8_e4m3fn if conversion.startswith("e4m3") else torch.float8_e5m2)
+    out_dtype = {1: torch.uint8, 2: torch.bfloat16 if "bf16" in conversion else torch.float16, 4: torch.float32}[out]
+    row = width * out + (0 if fast else rng.choice([0, 4, 8]))
+    dst_bytes = a.alloc((n - 1) * row + width * out, 0 if fast else rng.choice([0, 4]))
+    dst_bytes.fill_(SENTINEL)
+    esz = out_dtype.itemsize
+    dst = dst_bytes.view(out_dtype).as_strided((n, width), (row // esz, 1))
+    bt_t = a.alloc(4 * batch * mb).view(torch.int32).view(batch, mb)
+    bt_t.copy_(torch.tensor(bt, dtype=torch.int32))
+    cu_t = a.alloc(4 * (batch + 1)).view(torch.int32)
+    cu_t.copy_(torch.tensor(cu, dtype=torch.int32))
+    seq_t = None
+    if seq is not None:
+        seq_t = a.alloc(4 * batch).view(torch.int32)
+        seq_t.copy_(torch.tensor(seq, dtype=torch.int32))
+    scale = a.alloc(4).view(torch.float32)
+    scale.fill_(rng.choice([0.5, 0.37, 3.0, 1e-30]))
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    return CacheGatherFuzz(seed, kind, conversion, bs, nb, n, rpc, cu, seq, bt, a,
+                           (src, dst, bt_t, cu_t, seq_t, scale), err)
+
+
+def _cache_gather_args(c: CacheGatherFuzz):
+    src, dst, bt_t, cu_t, seq_t, scale = c.tensors
+    if c.conversion == "copy":
+        return "cp_gather_cache", (src, dst, bt_t, cu_t, len(c.cu) - 1, seq_t)
+    kv = "fp8_e5m2" if c.conversion.startswith("e5m2") else "fp8"
+    return "gather_and_maybe_dequant_cache", (src, dst, bt_t, cu_t, cu_t, c.num_rows, kv, scale, seq_t)
+
+
+def cache_gather_launch(c: CacheGatherFuzz, widths: tuple, debug: bool) -> Launch:
+    from nvrtc_gather.kernels import cache_gather as spec
+    from nvrtc_gather.ops import cache_gather
+    src, dst, bt_t, cu_t, seq_t, scale = c.tensors
+    plan = cache_gather.plan_for(*_cache_gather_args(c)[:1], *_cache_gather_args(c)[1])
+    plan = plan._replace(rows_per_cta=c.rows_per_cta)
+    if (plan.vec, plan.svec) != widths:  # the layout allows the fast entry: force the one under test
+        assert widths == spec.ANY, c
+        plan = plan._replace(vec=widths[0], svec=widths[1])
+    cfg = cache_gather.launch_config(plan)
+    c.desc = f"[{cfg.entry} debug={debug}] {c!r}"
+    assert cfg.entry == spec.entry_name(c.conversion, *widths), c.desc
+    c.before = c.arena.bytes.clone()
+    bounds = [span(src), span(bt_t), span(cu_t)] + ([span(seq_t)] if seq_t is not None else []) + \
+        ([span(scale)] if c.conversion != "copy" else [])
+    return Launch(cfg.entry, cfg.grid, pack(spec.PARAMS, cfg.fields, c.err.data_ptr() if debug else 0), bounds)
+
+
+def check_cache_gather(c: CacheGatherFuzz, debug: bool, outcome) -> None:
+    from helpers.cache_gather_reference import convert_row, row_readings
+    src, dst, bt_t, cu_t, seq_t, scale = c.tensors
+    problem = launch_problem(*outcome)
+    assert problem is None, f"{problem}: {c.desc}"
+    expected = c.before.clone()
+    got, old = same_view(dst, c.arena.bytes), same_view(dst, c.before)
+    batch, n = len(c.cu) - 1, c.num_rows
+    cu_ok = c.cu[0] >= 0 and all(a <= b for a, b in zip(c.cu, c.cu[1:]))
+    s = float(scale)
+    faulty_row = False
+    src_u8 = src.view(torch.uint8)
+    for row in range(n):
+        want = [torch.frombuffer(bytearray(convert_row(bytes(src_u8[b, e].tolist()), c.conversion, s)),
+                                 dtype=torch.uint8)
+                for b, e in row_readings(bt_t, c.cu, c.seq, batch, n, c.block_size, c.num_blocks, row)]
+        g = got[row].reshape(-1)
+        untouched = torch.equal(g, old[row].reshape(-1))
+        if cu_ok:
+            assert torch.equal(g, want[0]) if want else untouched, \
+                f"row {row} should be {'its reading' if want else 'untouched'}: {c.desc}"
+            owner = any(c.cu[r] <= row < c.cu[r + 1] for r in range(batch))
+            faulty_row = faulty_row or (owner and not want)
+        else:
+            assert untouched or any(torch.equal(g, w) for w in want), \
+                f"row {row} written with bytes no reading of the indices gives: {c.desc}"
+    same_view(dst, expected).copy_(got)
+    if debug:
+        code = int(c.err[0])
+        if not cu_ok or faulty_row:
+            assert code in (2, 3, 5, 9, 10), f"debug report {c.err.tolist()} for bad indices: {c.desc}"
+        else:
+            assert code == 0, f"debug report {c.err.tolist()} for good indices: {c.desc}"
+        same_view(c.err, expected).copy_(c.err.view(torch.uint8))
+    regions = {nm: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
+               for nm, t in zip(("src_cache", "dst", "block_table", "cu_seq_lens", "seq_starts", "scale", "err"),
+                                c.tensors + (c.err,)) if t is not None}
+    assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {c.desc}"

@@ -9,14 +9,15 @@ import pytest
 
 from nvrtc_gather import kernels
 from nvrtc_gather.jit import compiler, debug_errors, sources, spec
-from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
+from nvrtc_gather.kernels import cache_gather, gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
 
 _KIND = {"i64": "i64", "i32": "i32"}
 # every parameter struct and the header declaring it
 FAMILIES = [(gather_kernels.PARAMS, "gather_params.cuh"), (quant_kernels.PARAMS, "quant_params.cuh"),
-            (mla_cache.WRITE_PARAMS, "mla_params.cuh"), (mla_cache.GATHER_PARAMS, "mla_params.cuh")]
-FAMILY_IDS = ["gather", "quant", "mla_write", "mla_gather"]
-KERNEL_SOURCES = ("gather_indexer_k.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu")
+            (mla_cache.WRITE_PARAMS, "mla_params.cuh"), (mla_cache.GATHER_PARAMS, "mla_params.cuh"),
+            (cache_gather.PARAMS, "cache_gather_params.cuh")]
+FAMILY_IDS = ["gather", "quant", "mla_write", "mla_gather", "cache_gather"]
+KERNEL_SOURCES = ("gather_indexer_k.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu", "cache_gather.cu")
 
 
 def cuh_fields(header: str, struct_name: str) -> list[tuple[str, str]]:
@@ -85,8 +86,9 @@ def test_packing_by_name_is_the_struct_layout(params):
 
 
 def test_the_ops_fill_every_struct_field_by_name():
-    from nvrtc_gather.ops import gather, indexer_k_quant, mla_gather, mla_write
+    from nvrtc_gather.ops import cache_gather as cache_gather_op, gather, indexer_k_quant, mla_gather, mla_write
     for params, fields_of, plan_type in (
+            (cache_gather.PARAMS, cache_gather_op.struct_fields, cache_gather_op.CacheGatherPlan),
             (gather_kernels.PARAMS, gather.struct_fields, gather.GatherPlan),
             (quant_kernels.PARAMS, indexer_k_quant.struct_fields, indexer_k_quant.QuantPlan),
             (mla_cache.WRITE_PARAMS, mla_write.struct_fields, mla_write.WritePlan),
@@ -115,6 +117,13 @@ def test_each_family_has_every_entry_in_the_module_it_loads_for_it():
     for k_type, m in mla_cache.PLAIN_MODULES.items():
         assert set(m.kernels) == {mla_cache.plain_entry(k_type, mode) for mode in mla_cache.PLAIN_MODES}
     assert set(mla_cache.GATHER_MODULE.kernels) == {mla_cache.gather_entry(v) for v in mla_cache.VECTOR_WIDTHS}
+    for (conv, widths), m in cache_gather.MODULES.items():
+        assert m.kernels == (cache_gather.entry_name(conv, *widths),)
+    # every (load, store) pair the policy can pick has its module
+    for conv in cache_gather.CONVERSIONS:
+        for load in cache_gather.VECTOR_WIDTHS:
+            for store in cache_gather.VECTOR_WIDTHS:
+                assert (conv, cache_gather.pick(conv, load, store)) in cache_gather.MODULES
 
 
 def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
@@ -142,7 +151,8 @@ def test_debug_error_codes_are_one_table():
     assert header == {name: code for name, (code, _) in debug_errors.ERRORS.items()}
     used = set(re.findall(r"NG_ERR_\w+", "".join(sources.read_source(n) for n in KERNEL_SOURCES + ("request_search.cuh",))))
     assert used <= set(header)
-    assert {"NG_ERR_SLOT", "NG_ERR_BLOCK_INDEX", "NG_ERR_BLOCK_ID", "NG_ERR_WS_ORDER", "NG_ERR_SEQ_START"} <= used
+    assert {"NG_ERR_SLOT", "NG_ERR_BLOCK_INDEX", "NG_ERR_BLOCK_ID", "NG_ERR_WS_ORDER", "NG_ERR_SEQ_START",
+            "NG_ERR_CU_NEGATIVE"} <= used
 
 
 def test_registering_a_second_module_of_the_same_name_is_refused():
