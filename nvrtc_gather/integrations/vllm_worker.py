@@ -67,13 +67,16 @@ def modules_for(ops, dtype: torch.dtype | None = None, cache_dtype: str | None =
         mods += [m for dt, m in mla_kernels.PLAIN_MODULES.items() if want in (None, dt)]
     if activation.MLA_GATHER in ops:
         mods.append(mla_kernels.GATHER_MODULE)
+    # The chunked gathers: each conversion's widest module (the one aligned tensors, as vLLM's, take).
+    convs = []
     if activation.CP_GATHER in ops or activation.DEQUANT_GATHER in ops:
-        mods.append(cache_gather_kernels.MODULES["copy"])  # cp_gather_cache; the "auto" dequantizing gather
-    if activation.DEQUANT_GATHER in ops:  # fp8 caches only ("auto" is the copy; fp8_ds_mla never comes here)
+        convs.append("copy")  # cp_gather_cache; the "auto" dequantizing gather
+    if activation.DEQUANT_GATHER in ops:  # fp8 caches only (fp8_ds_mla never comes here)
         formats = ("e4m3", "e5m2") if cache_dtype is None else (GATHER_KV_CACHE_DTYPES.get(cache_dtype),)
         want = TYPE_NAMES.get(dtype)
-        mods += [m for conv, m in cache_gather_kernels.MODULES.items()
-                 if conv != "copy" and conv.split("_")[0] in formats and want in (None, conv.split("_")[1])]
+        convs += [c for c in cache_gather_kernels.CONVERSIONS
+                  if c != "copy" and c.split("_")[0] in formats and want in (None, c.split("_")[1])]
+    mods += [cache_gather_kernels.MODULES[c, cache_gather_kernels.widest(c)] for c in convs]
     return tuple(mods)
 
 
