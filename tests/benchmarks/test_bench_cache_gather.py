@@ -82,3 +82,26 @@ def test_the_baseline_is_byte_exact_on_the_emulator(bench, tmp_path_factory, var
     grid = -(-p.num_rows // p.block_size) + 2 * p.batch
     emu_launch(dll, bench.BASELINE_PARAMS, entry, grid, fields)
     assert torch.equal(case.dst_store, reference(case)), (label, case.desc)
+
+
+def test_a_row_prints_and_lands_in_the_record_tables(bench):
+    """The row format bench.py / bench_mla.py record (chunked_gather_workloads) and print, from
+    made-up timings: the ratios, the targets (1.1x the copy from 64K tokens, 1.3x below, faster
+    than the baseline) and the markdown table through bench_mla.markdown_tables."""
+    import bench_mla
+
+    def row(tokens, op, copy, base):
+        r = {"workload": "1x65536", "variant": "cp_gather fp8", "seq_starts": True, "requests": 1, "tokens": tokens,
+             "bytes": tokens * 1152, "op_us": op, "copy_us": copy, "baseline_us": base,
+             "op_spread_us": [op - 1, op + 1], "baseline_spread_us": [base - 1, base + 1]}
+        bench._ratios(r)
+        return r
+    fast, slow_small, beaten = row(65536, 33.0, 30.0, 40.0), row(1000, 6.6, 5.0, 9.0), row(65536, 31.0, 30.0, 30.5)
+    assert fast["target_over_copy"] == 1.1 and fast["meets_targets"]
+    assert slow_small["target_over_copy"] == 1.3 and not slow_small["meets_targets"]  # 1.32x the copy
+    assert not beaten["meets_targets"]  # within 1.1x, but the baseline is faster
+    assert bench.fmt_row(fast).split()[-1] == "ok" and bench.fmt_row(slow_small).split()[-1] == "MISSED"
+    md = bench_mla.markdown_tables({"chunked_gather_workloads": [fast, slow_small]})
+    assert md[1].startswith("| chunked gather (requests x context) | variant | seq_starts |") and len(md) == 5
+    assert md[3] == "| 1x65536 | cp_gather fp8 | yes | 65536 | 75.5 | 30.0 | 33.0 | 1.10 | 40.0 | 1.33 | 1.1 | yes | " \
+                    "32.0-34.0 |", md[3]
