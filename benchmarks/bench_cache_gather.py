@@ -1,13 +1,13 @@
 """Benchmark of the chunked-context gathers (issue 27): cp_gather_cache (fp8 entries, a byte copy)
 and gather_and_maybe_dequant_cache ("auto" bf16, and "fp8" -> bf16 with a scale), each with and
 without seq_starts, over issue 27's workloads (bench_mla.GATHER_WORKLOADS), against a contiguous
-device copy of the same bytes (the ceiling) and a vLLM-style baseline kernel
-(benchmarks/baseline_cache_gather.cu). Wired into bench_mla.py and bench.py (the rows land in
-their JSON record as "chunked_gather_workloads"); also runs alone:
-``python benchmarks/bench_cache_gather.py OUT_DIR`` (bench_cache_gather.json and .md), and
-without a GPU as ``--dry-run``: every workload's index tensors built on the CPU, the op's full
-checks run on them, the byte counts checked against a count of their own, the baseline compiled
-for sm_90 by NVRTC (tests/benchmarks/test_bench_cache_gather.py runs it).
+device copy of the same bytes (the ceiling) and a vLLM-style baseline kernel (the chunked-gather
+kernels at the end of benchmarks/baseline_mla.cu). Timed by bench_mla.py and bench.py (the rows
+land in their JSON record as "chunked_gather_workloads"; ``--skip-chunked`` leaves them out).
+Without a GPU, ``python benchmarks/bench_cache_gather.py --dry-run`` builds every workload's index
+tensors on the CPU, runs the op's full checks on them, checks the byte counts against a count of
+its own and compiles the baseline for sm_90 with NVRTC (tests/benchmarks/test_bench_cache_gather.py
+runs it, and the baseline on the host emulator).
 
 Shapes: 64-token blocks of 576-value entries (DeepSeek's 512 latent + 64 RoPE), blocks shuffled,
 caches at least 4x the L2, ragged requests (bench.py's lengths). With seq_starts, request r's
@@ -24,7 +24,6 @@ the baseline."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -61,7 +60,7 @@ BASELINE_PARAMS = ParamStruct("BaselineCacheGatherParams", (
     ("unused", "i32"),
     ("error", "ptr"),
 ))
-BASELINE = KernelModule(name="baseline_cache_gather", source="baseline_cache_gather.cu",
+BASELINE = KernelModule(name="baseline_cache_gather", source="baseline_mla.cu",
                         entries=tuple(Entry(v[5]) for v in VARIANTS), params=BASELINE_PARAMS, label="baseline",
                         threads=THREADS, source_dir=str(HERE))
 
@@ -131,7 +130,7 @@ class Workload:
 
 
 def baseline(w: Workload, dst: torch.Tensor):
-    """A no-argument launch of the vLLM-style kernel (baseline_cache_gather.cu) on ``w`` into
+    """A no-argument launch of the vLLM-style kernel (baseline_mla.cu) on ``w`` into
     ``dst``: planned, loaded and bound once, like the op's remembered layout."""
     p = cache_gather.plan_for(w.op, *w.args(dst))
     if p.entry_stride != p.row_bytes or p.dst_row_stride != p.dst_row_bytes or (p.src_ptr | p.dst_ptr) & 15:
@@ -155,14 +154,11 @@ def _op(w: Workload, dst: torch.Tensor):
     return lambda: fn(*args)
 
 
-def _ratios(row: dict) -> None:
-    row["op_over_copy"] = row["op_us"] / row["copy_us"]
-    row["baseline_over_copy"] = row["baseline_us"] / row["copy_us"]
-    row["baseline_over_op"] = row["baseline_us"] / row["op_us"]
-    row["op_GBps"] = row["bytes"] / row["op_us"] / 1e3
-    row["copy_GBps"] = row["bytes"] / row["copy_us"] / 1e3
+def _targets(row: dict) -> dict:
+    """Issue 27's targets of a timed row (bench_mla.timed: its ratios set)."""
     row["target_over_copy"] = TARGET_LARGE if row["tokens"] >= LARGE_TOKENS else TARGET_SMALL
     row["meets_targets"] = row["op_over_copy"] <= row["target_over_copy"] and row["baseline_over_op"] > 1.0
+    return row
 
 
 def workloads(l2: int, device: str = "cuda", lazy: bool = False):
@@ -177,8 +173,8 @@ def workloads(l2: int, device: str = "cuda", lazy: bool = False):
 
 def bench_chunked(reps: int | None = None, flush: torch.Tensor | None = None) -> list[dict]:
     """One row per workload: op, baseline and copy interleaved, each checked first."""
-    from bench_mla import DEFAULT_REPS, _copy_fns, _first_diff, _reps_for
-    from timing import flush_buffer, l2_bytes, summarize, time_samples
+    from bench_mla import DEFAULT_REPS, _copy_fns, _first_diff, timed
+    from timing import flush_buffer, l2_bytes
     reps = reps or DEFAULT_REPS
     flush = flush_buffer() if flush is None else flush
     rows = []
@@ -199,9 +195,7 @@ def bench_chunked(reps: int | None = None, flush: torch.Tensor | None = None) ->
         fns = {"op": op, "baseline": baseline(w, dst_op), "copy": _copy_fns(w.moved, gen)}
         row = {"workload": w.name, "variant": w.label, "seq_starts": w.seq, "requests": w.batch, "tokens": w.tokens,
                "bytes": w.moved}
-        summarize(row, time_samples(fns, flush, _reps_for(w.tokens, reps)))
-        _ratios(row)
-        rows.append(row)
+        rows.append(_targets(timed(row, fns, flush, reps)))
         print(fmt_row(row), flush=True)
         w = fns = op = base = dst_op = None  # free the workload before the next
         torch.cuda.empty_cache()
@@ -266,41 +260,18 @@ def dry_run(arch: str = "sm_90") -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="benchmarks/bench_cache_gather.py", description=__doc__.split("\n")[0])
-    ap.add_argument("out", type=Path, nargs="?", help="folder for bench_cache_gather.json and .md")
-    ap.add_argument("--reps", type=int, default=None, help="timed runs per implementation (bench_mla's default)")
-    ap.add_argument("--dry-run", action="store_true",
+    ap = argparse.ArgumentParser(prog="benchmarks/bench_cache_gather.py", description=__doc__.split("\n")[0],
+                                 epilog="The timed run is bench_mla.py's or bench.py's (scripts/gpu_check.sh bench_mla).")
+    ap.add_argument("--dry-run", action="store_true", required=True,
                     help="no GPU: build every workload on the CPU, check the plans and byte counts, compile the baseline")
-    args = ap.parse_args(argv)
-    if args.dry_run:
-        t0 = time.perf_counter()
-        plans = dry_run()
-        print(f"dry run: {len(plans)} rows planned, byte counts checked, {BASELINE.name} compiled for sm_90 "
-              f"({time.perf_counter() - t0:.1f} s)")
-        for p in plans:
-            print(f"  {p['workload']:>9} {p['variant']:<18} seq_starts={p['seq_starts']!s:<5} tokens={p['tokens']:<7} "
-                  f"bytes={p['bytes']:<10} {p['conversion']:<10} grid={p['baseline_grid']} tasks={p['tasks']}")
-        return 0
-    if args.out is None:
-        ap.error("OUT_DIR is required (or --dry-run)")
-    if not torch.cuda.is_available():
-        print("benchmarks/bench_cache_gather.py: no CUDA GPU visible; the benchmark needs one (or --dry-run).",
-              file=sys.stderr)
-        return 2
-    from bench_mla import environment
-    args.out.mkdir(parents=True, exist_ok=True)
+    ap.parse_args(argv)
     t0 = time.perf_counter()
-    env = environment()
-    print(env)
-    print(HEADER)
-    rows = bench_chunked(args.reps)
-    result = {"environment": env, "chunked_gather_workloads": rows, "reps": args.reps,
-              "seconds": round(time.perf_counter() - t0, 1)}
-    (args.out / "bench_cache_gather.json").write_text(json.dumps(result, indent=2))
-    md = markdown_table(rows)
-    (args.out / "bench_cache_gather.md").write_text("\n".join(md).lstrip("\n") + "\n")
-    print("\n".join(md))
-    print(f"wrote {args.out / 'bench_cache_gather.json'} and bench_cache_gather.md ({result['seconds']} s)")
+    plans = dry_run()
+    print(f"dry run: {len(plans)} rows planned, byte counts checked, {BASELINE.name} compiled for sm_90 "
+          f"({time.perf_counter() - t0:.1f} s)")
+    for p in plans:
+        print(f"  {p['workload']:>9} {p['variant']:<18} seq_starts={p['seq_starts']!s:<5} tokens={p['tokens']:<7} "
+              f"bytes={p['bytes']:<10} {p['conversion']:<10} grid={p['baseline_grid']} tasks={p['tasks']}")
     return 0
 
 

@@ -189,9 +189,7 @@ def bench_mla_gather(reps: int = DEFAULT_REPS, flush: torch.Tensor | None = None
         fns = {"op": op, "baseline": gather_baseline(w, dst_op), "copy": _copy_fns(w.moved, gen)}
         row = {"workload": w.name, "requests": batch, "tokens": w.tokens, "bytes": w.moved,
                "rows_per_cta": plan.rows_per_cta, "vec": plan.vec}
-        summarize(row, time_samples(fns, flush, _reps_for(w.tokens, reps)))
-        _ratios(row)
-        rows.append(row)
+        rows.append(timed(row, fns, flush, reps))
         print(fmt_row(row), flush=True)
         w = fns = op = base = dst_op = None  # free the workload before the next
         torch.cuda.empty_cache()
@@ -277,13 +275,19 @@ def bench_mla_write(reps: int = DEFAULT_REPS, flush: torch.Tensor | None = None)
                "baseline": write_baseline(w, cache), "copy": _copy_fns(w.moved, gen)}
         row = {"workload": w.name, "requests": w.requests, "tokens": tokens, "bytes": w.moved,
                "vec": mla_write.plan_write(*w.args(cache)).vec}
-        summarize(row, time_samples(fns, flush, _reps_for(tokens, reps)))
-        _ratios(row)
-        rows.append(row)
+        rows.append(timed(row, fns, flush, reps))
         print(fmt_row(row) + f"  (plain rule {row['op_plain_us']:.1f})", flush=True)
         w = fns = cache = got = None
         torch.cuda.empty_cache()
     return rows
+
+
+def timed(row: dict, fns: dict, flush: torch.Tensor, reps: int) -> dict:
+    """``row`` (its "tokens" set) with the interleaved timings of ``fns`` (op, baseline, copy:
+    medians and spreads, more runs for small calls) and their ratios."""
+    summarize(row, time_samples(fns, flush, _reps_for(row["tokens"], reps)))
+    _ratios(row)
+    return row
 
 
 def _ratios(row: dict) -> None:

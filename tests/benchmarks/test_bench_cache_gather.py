@@ -94,8 +94,8 @@ def test_a_row_prints_and_lands_in_the_record_tables(bench):
         r = {"workload": "1x65536", "variant": "cp_gather fp8", "seq_starts": True, "requests": 1, "tokens": tokens,
              "bytes": tokens * 1152, "op_us": op, "copy_us": copy, "baseline_us": base,
              "op_spread_us": [op - 1, op + 1], "baseline_spread_us": [base - 1, base + 1]}
-        bench._ratios(r)
-        return r
+        bench_mla._ratios(r)
+        return bench._targets(r)
     fast, slow_small, beaten = row(65536, 33.0, 30.0, 40.0), row(1000, 6.6, 5.0, 9.0), row(65536, 31.0, 30.0, 30.5)
     assert fast["target_over_copy"] == 1.1 and fast["meets_targets"]
     assert slow_small["target_over_copy"] == 1.3 and not slow_small["meets_targets"]  # 1.32x the copy

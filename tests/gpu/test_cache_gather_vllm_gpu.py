@@ -2,11 +2,11 @@
 compiled _C_cache_ops with vLLM 0.33's schemas (and an older set), the ops called through
 torch.ops._C_cache_ops as vLLM's wrappers call them: our kernels run, bit-exact against the
 independent reference, vLLM's kernel is never called for what we serve and gets every argument
-of what we do not (tests/helpers/vllm_chunked_standin.py; the CPU run of the same scenario is
+of what we do not (tests/helpers/vllm_standin.py; the CPU run of the same scenario is
 tests/integrations/test_vllm_chunked.py)."""
 import pytest
 
-from helpers import vllm_chunked_standin as standin
+from helpers import vllm_standin as standin
 from helpers.fresh_python import run
 
 pytestmark = pytest.mark.gpu

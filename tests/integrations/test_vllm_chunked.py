@@ -3,7 +3,7 @@ and gather_and_maybe_dequant_cache routed to nvrtc_gather, without vLLM installe
 by the adapter, or by a stand-in for vLLM's library). Each scenario runs in a fresh interpreter,
 since op registrations are process-wide. test_vllm_real.py repeats the routing with vLLM's own
 package; tests/gpu/test_cache_gather_vllm_gpu.py runs the stand-in on CUDA tensors."""
-from helpers import vllm_chunked_standin as standin
+from helpers import vllm_standin as standin
 from helpers.fresh_python import run
 
 OWN_SCHEMAS = """

@@ -1,4 +1,5 @@
-"""A stand-in for vLLM's compiled ``_C_cache_ops`` with the chunked-context gathers' schemas
+"""A stand-in for vLLM's compiled ``_C_cache_ops`` (stand_in_library; tests/integrations/test_vllm.py's
+MLA scenarios use it too), and the scenario of the chunked-context gathers' schemas
 (``cp_gather_cache``, ``gather_and_maybe_dequant_cache``), as a snippet for a fresh interpreter
 (helpers.fresh_python.run): the CPU test (tests/integrations/test_vllm_chunked.py) and the GPU
 test (tests/gpu/test_cache_gather_vllm_gpu.py) run the same one.
@@ -25,19 +26,30 @@ SCHEMA_SETS = {
               "Tensor? seq_starts=None) -> ()"],
 }
 
+def stand_in_library(schemas):
+    """A ``_C_cache_ops`` library defining ``schemas``, whose CUDA kernels append ``[name,
+    number of arguments]`` to the returned list (keep the library alive: dropping it undoes
+    the definitions). Registered as vLLM's C++ library registers its kernels: with the
+    dispatcher, not through Library.impl's Python bookkeeping."""
+    import torch
+    stub = torch.library.Library("_C_cache_ops", "DEF")
+    calls = []
+    for schema in schemas:
+        stub.define(schema)
+        name = schema.split("(")[0]
+
+        def kernel(*args, _name=name):
+            calls.append([_name, len(args)])
+        stub.m.impl(name, "CUDA", kernel, False)
+    return stub, calls
+
+
 _SNIPPET = """
     import dataclasses, json, random, torch
     from helpers.cache_gather_reference import make_case, reference
+    from helpers.vllm_standin import stand_in_library
     DEVICE, SCHEMAS = __DEVICE__, __SCHEMAS__
-    stub = torch.library.Library("_C_cache_ops", "DEF")
-    calls = []
-    for schema in SCHEMAS:
-        stub.define(schema)
-        name = schema.split("(")[0]
-        def kernel(*args, _name=name):
-            calls.append([_name, len(args)])
-        # as vLLM's C++ library registers its kernels: with the dispatcher, not Library.impl
-        stub.m.impl(name, "CUDA", kernel, False)
+    stub, calls = stand_in_library(SCHEMAS)
     from nvrtc_gather.integrations import vllm
     vllm.register(["cp_gather", "dequant_gather"])
     st = vllm.status()
