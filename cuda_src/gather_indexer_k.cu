@@ -93,12 +93,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
 
     if (tid < n) {
         const int row = row0 + tid;
-        int lo = s_req[0], hi = s_req[1] + 1;  // answer in [lo, hi); empty if cu decreases
-        while (hi - lo > 1) {
-            const int mid = (int)(((u32)lo + (u32)hi) >> 1);
-            if (__ldg(cu + mid) <= row) lo = mid; else hi = mid;
-        }
-        const int r = lo;
+        const int r = narrow_request(cu, s_req[0], s_req[1] + 1, row);  // [lo, hi) empty if cu decreases
         const int start = __ldg(cu + r);
         const int stop = r + 1 == p.batch ? s_total : __ldg(cu + r + 1);
         int2 loc = make_int2(-1, 0);

@@ -135,12 +135,7 @@ __device__ __forceinline__ void mla_gather_body(const MlaGatherParams& p) {
 
     if (tid < n) {
         const int row = row0 + tid;
-        int lo = s_req[0], hi = s_req[1] + 1;  // answer in [lo, hi); empty if the starts decrease
-        while (hi - lo > 1) {
-            const int mid = (int)(((u32)lo + (u32)hi) >> 1);
-            if (__ldg(ws + mid) <= row) lo = mid; else hi = mid;
-        }
-        const int r = lo;
+        const int r = narrow_request(ws, s_req[0], s_req[1] + 1, row);  // [lo, hi) empty if the starts decrease
         const int start = __ldg(ws + r);
         const int stop = r + 1 < p.batch ? __ldg(ws + r + 1) : p.num_rows;
         int2 loc = make_int2(-1, 0);

@@ -212,6 +212,7 @@ class CacheGatherLayout(NamedTuple):
     """What a call with a remembered layout needs besides its data pointers (fast_path.py)."""
 
     device: int
+    reads_scale: bool  # the fp8 conversions read scale
     widths: tuple      # (load, store) widths by _alignment(src_ptr, dst_ptr)
     extents: tuple     # _extents of the plan
     launches: dict     # (load, store) widths -> fast_path.Launch
@@ -240,7 +241,7 @@ def _layout(p: CacheGatherPlan, module=None) -> CacheGatherLayout:
         cfg = launch_config(p._replace(vec=vec, svec=svec))
         launches[vec, svec] = Launch(module or spec.MODULES[p.conversion, (vec, svec)], cfg.entry, cfg.grid,
                                      spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
-    return CacheGatherLayout(p.device, widths, _extents(p), launches, {})
+    return CacheGatherLayout(p.device, p.scale_ptr != 0, widths, _extents(p), launches, {})
 
 
 def _run(layout: CacheGatherLayout, ptrs: tuple) -> None:
@@ -256,23 +257,34 @@ def _pointers(p: CacheGatherPlan) -> tuple:
 _layouts = LayoutMemo()
 
 
-def _call(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-          batch_name: str, rows_name: str) -> None:
-    """Both ops after their own argument handling: the fast path, else the full checks."""
-    key = layout = None
+def _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra) -> tuple | None:
+    """A call's layout key: its tensors' metadata and ``extra`` (the op's other arguments);
+    None when an argument is not a tensor (the full checks say which)."""
     try:
-        key = (fast_path.layout_key4(src_cache, dst, block_table, cu_seq_lens), batch, num_rows, fp8,
-               None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
-               None if fp8 is None else (scale.device, scale.dtype, scale.shape))
-        layout = _layouts.get(key)
-    except AttributeError:  # not tensors: plan_gather says which
-        key = None
-    if layout is not None:  # the fast path: only the pointer checks
-        ptrs = (src_cache.data_ptr(), dst.data_ptr(), block_table.data_ptr(), cu_seq_lens.data_ptr(),
-                seq_starts.data_ptr() if seq_starts is not None else 0, scale.data_ptr() if fp8 is not None else 0)
-        if not (ptrs[0] | ptrs[1]) & 3 and not fast_path.overlapping(ptrs[1], ptrs[:1] + ptrs[2:], layout.extents):
-            _run(layout, ptrs)
-            return
+        return (fast_path.layout_key4(src_cache, dst, block_table, cu_seq_lens), extra,
+                None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
+                None if scale is None else (scale.device, scale.dtype, scale.shape))
+    except AttributeError:
+        return None
+
+
+def _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale) -> bool:
+    """Run a call whose layout is remembered, after only the pointer checks; False when there
+    is none or the pointers need the full checks (which then raise or plan anew)."""
+    layout = _layouts.get(key)
+    if layout is None:
+        return False
+    ptrs = (src_cache.data_ptr(), dst.data_ptr(), block_table.data_ptr(), cu_seq_lens.data_ptr(),
+            seq_starts.data_ptr() if seq_starts is not None else 0, scale.data_ptr() if layout.reads_scale else 0)
+    if (ptrs[0] | ptrs[1]) & 3 or fast_path.overlapping(ptrs[1], ptrs[:1] + ptrs[2:], layout.extents):
+        return False
+    _run(layout, ptrs)
+    return True
+
+
+def _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
+          batch_name: str, rows_name: str) -> None:
+    """The full checks, then the kernel (remembering the layout under ``key``) or the CPU path."""
     plan = plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
                        batch_name, rows_name)
     if plan.device < 0:
@@ -314,9 +326,13 @@ def cp_gather_cache(src_cache: torch.Tensor, dst: torch.Tensor, block_table: tor
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return torch.ops.nvrtc_gather.cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size,
                                                       seq_starts)
+    key = _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, None, batch_size) \
+        if type(batch_size) is int else None
+    if key is not None and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, None):
+        return
     batch = checks.int_arg("batch_size", batch_size)
     checks.tensor("dst", dst)
-    _call(src_cache, dst, block_table, cu_seq_lens, batch, dst.shape[0] if dst.dim() else 0, None, None,
+    _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, dst.shape[0] if dst.dim() else 0, None, None,
           seq_starts, "batch_size", "dst.size(0)")
 
 
@@ -339,6 +355,15 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     if _is_compiling():
         return torch.ops.nvrtc_gather.gather_and_maybe_dequant_cache(
             src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale, seq_starts)
+    key = None
+    if type(num_tokens) is int and type(kv_cache_dtype) is str:
+        try:
+            extra = (num_tokens, kv_cache_dtype, token_to_seq.device, token_to_seq.dtype, token_to_seq.dim())
+        except AttributeError:
+            extra = None
+        key = extra and _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra)
+    if key and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale):
+        return
     fp8 = _kv_cache_format(kv_cache_dtype)
     rows = checks.int_arg("num_tokens", num_tokens)
     checks.tensor("token_to_seq", token_to_seq)
@@ -356,7 +381,7 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     batch = cu_seq_lens.shape[0] - 1 if cu_seq_lens.dim() == 1 else 0
     if cu_seq_lens.dim() == 1 and cu_seq_lens.shape[0] == 0:
         raise ValueError("cu_seq_lens: expected [batch + 1] entries (at least one), got none")
-    _call(src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
+    _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
           seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens")
 
 

@@ -128,6 +128,38 @@ def int32_pool(rng, n):
             rng.randint(I32_MIN, I32_MAX)]
 
 
+def request_indices(rng, kind: str, count: int, batch: int, n: int, bs: int, nb: int, mb: int, stop):
+    """The index values of a gather fuzz case (MLA_GATHER_KINDS / CACHE_GATHER_KINDS): ``count``
+    request starts (workspace_starts or cu_seq_lens) over ``n`` rows, seq_starts (or None) and
+    block_table rows of ``batch`` requests, ``nb`` blocks of ``bs``, ``mb`` columns (more for
+    "valid", which makes every index good; ``stop(starts, r)``: request r's end row there)."""
+    pool = int32_pool(rng, n)
+    if kind in ("valid", "bad_ids"):
+        starts = sorted(rng.randint(0, n + 1) for _ in range(count))
+    elif kind == "monotone":
+        starts = sorted(rng.choice(pool) for _ in range(count))
+    elif kind == "chaos":
+        starts = [rng.choice(pool) for _ in range(count)]
+    else:
+        starts = [rng.randint(I32_MIN, I32_MAX) for _ in range(count)]
+    with_seq = rng.random() < 0.6
+    if kind == "valid":
+        seq = [rng.randint(0, 2 * bs) for _ in range(batch)] if with_seq else None
+        need = max([1] + [-(-((seq[r] if seq else 0) + max(0, stop(starts, r) - starts[r])) // bs)
+                          for r in range(batch)])
+        mb = need + rng.randint(0, 1)
+        return starts, seq, [[rng.randrange(nb) for _ in range(mb)] for _ in range(batch)]
+    seq_pool = [I32_MIN, -1, 0, 0, 1, bs, mb * bs - 1, mb * bs, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
+    seq = [rng.choice(seq_pool) if rng.random() < 0.4 else rng.randint(0, bs) for _ in range(batch)] \
+        if with_seq else None
+    bt_pool = [I32_MIN, -1, nb, nb + 1, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
+    bt = [[rng.choice(bt_pool) if rng.random() < 0.3 else rng.randrange(nb) for _ in range(mb)]
+          for _ in range(batch)]
+    if kind == "random":
+        bt = [[rng.randint(I32_MIN, I32_MAX) for _ in range(mb)] for _ in range(batch)]
+    return starts, seq, bt
+
+
 # --- the gather -------------------------------------------------------------------------------
 
 GATHER_ENTRIES = [(vec, shape) for shape in ("", "wide", "tiny") for vec in (16, 8, 4)]
@@ -549,31 +581,9 @@ def mla_gather_case(seed: str, kind: str, vec: int) -> MlaGatherFuzz:
     batch = rng.randint(1, 5)
     nb = rng.randint(1, 3)
     mb = rng.randint(1, 4)
-    pool = int32_pool(rng, n)
-    if kind in ("valid", "bad_ids"):
-        ws = sorted(rng.randint(0, n + 1) for _ in range(batch))
-    elif kind == "monotone":
-        ws = sorted(rng.choice(pool) for _ in range(batch))
-    elif kind == "chaos":
-        ws = [rng.choice(pool) for _ in range(batch)]
-    else:
-        ws = [rng.randint(I32_MIN, I32_MAX) for _ in range(batch)]
-    with_seq = rng.random() < 0.6
-    if kind == "valid":
-        seq = [rng.randint(0, 2 * bs) for _ in range(batch)] if with_seq else None
-        stops = [min(ws[r + 1] if r + 1 < batch else n, n) for r in range(batch)]
-        need = max([1] + [-(-((seq[r] if seq else 0) + max(0, stops[r] - ws[r])) // bs) for r in range(batch)])
-        mb = need + rng.randint(0, 1)
-        bt = [[rng.randrange(nb) for _ in range(mb)] for _ in range(batch)]
-    else:
-        seq_pool = [I32_MIN, -1, 0, 0, 1, bs, mb * bs - 1, mb * bs, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
-        seq = [rng.choice(seq_pool) if rng.random() < 0.4 else rng.randint(0, bs) for _ in range(batch)] \
-            if with_seq else None
-        bt_pool = [I32_MIN, -1, nb, nb + 1, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
-        bt = [[rng.choice(bt_pool) if rng.random() < 0.3 else rng.randrange(nb) for _ in range(mb)]
-              for _ in range(batch)]
-        if kind == "random":
-            bt = [[rng.randint(I32_MIN, I32_MAX) for _ in range(mb)] for _ in range(batch)]
+    ws, seq, bt = request_indices(rng, kind, batch, batch, n, bs, nb, mb,
+                                  lambda ws, r: min(ws[r + 1] if r + 1 < batch else n, n))
+    mb = len(bt[0])
     rpc = rng.choice([8, 16, 64])
 
     a = Arena()
@@ -805,31 +815,8 @@ def cache_gather_case(seed: str, kind: str, conversion: str, widths: tuple) -> C
     batch = rng.randint(1, 5)
     nb = rng.randint(1, 3)
     mb = rng.randint(1, 4)
-    pool = int32_pool(rng, n)
-    if kind in ("valid", "bad_ids"):
-        cu = sorted(rng.randint(0, n + 2) for _ in range(batch + 1))
-    elif kind == "monotone":
-        cu = sorted(rng.choice(pool) for _ in range(batch + 1))
-    elif kind == "chaos":
-        cu = [rng.choice(pool) for _ in range(batch + 1)]
-    else:
-        cu = [rng.randint(I32_MIN, I32_MAX) for _ in range(batch + 1)]
-    with_seq = rng.random() < 0.6
-    if kind == "valid":
-        seq = [rng.randint(0, 2 * bs) for _ in range(batch)] if with_seq else None
-        need = max([1] + [-(-((seq[r] if seq else 0) + max(0, min(cu[r + 1], n) - cu[r])) // bs)
-                          for r in range(batch)])
-        mb = need + rng.randint(0, 1)
-        bt = [[rng.randrange(nb) for _ in range(mb)] for _ in range(batch)]
-    else:
-        seq_pool = [I32_MIN, -1, 0, 0, 1, bs, mb * bs - 1, mb * bs, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
-        seq = [rng.choice(seq_pool) if rng.random() < 0.4 else rng.randint(0, bs) for _ in range(batch)] \
-            if with_seq else None
-        bt_pool = [I32_MIN, -1, nb, nb + 1, I32_MAX, rng.randint(I32_MIN, I32_MAX)]
-        bt = [[rng.choice(bt_pool) if rng.random() < 0.3 else rng.randrange(nb) for _ in range(mb)]
-              for _ in range(batch)]
-        if kind == "random":
-            bt = [[rng.randint(I32_MIN, I32_MAX) for _ in range(mb)] for _ in range(batch)]
+    cu, seq, bt = request_indices(rng, kind, batch + 1, batch, n, bs, nb, mb, lambda cu, r: min(cu[r + 1], n))
+    mb = len(bt[0])
     rpc = rng.choice([1, 8, 16, 64])
 
     a = Arena()

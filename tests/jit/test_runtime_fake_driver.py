@@ -502,3 +502,87 @@ def test_layout_vector_widths_by_alignment_are_the_specs_choice(fake, monkeypatc
         for _ in range(200):
             k_p = rng.randrange(0, 1 << 48, 2)
             assert layout.widths[k_p & 15] == qspec.vector_width(k_p | indexer_k_quant._low_bits(plan), 2, 128, 64)
+
+
+@pytest.mark.parametrize("op", ["cp_gather_cache", "gather_and_maybe_dequant_cache"])
+def test_cache_gather_ops_launch_what_launch_config_says_and_take_the_fast_path(fake, monkeypatch, op):
+    """cp_gather_cache's and gather_and_maybe_dequant_cache's CUDA branch against the fake
+    driver: the first call plans, later ones with new pointers take the fast path and launch
+    exactly what the full checks would (the widest entry point, or ANY for a destination off
+    16-byte alignment); a misaligned or overlapping destination falls through to the full
+    checks and raises with nothing launched; debug mode passes the error buffer and raises."""
+    import torch
+
+    from nvrtc_gather.kernels import cache_gather as spec
+    from nvrtc_gather.ops import cache_gather
+
+    real_plan = cache_gather.plan_gather
+    planned = []
+
+    def plan_on_device_0(*args):
+        planned.append(1)
+        return real_plan(*args)._replace(device=0, rows_per_cta=8)
+    monkeypatch.setattr(cache_gather, "plan_gather", plan_on_device_0)
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(cache_gather, "_layouts", cache_gather.LayoutMemo())
+    fake.current = 7
+
+    cache = torch.zeros(8, 16, 576, dtype=torch.uint8)
+    bt = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
+    cu = torch.tensor([0, 20, 38], dtype=torch.int32)
+    seq = torch.tensor([2, 0], dtype=torch.int32)
+    scale = torch.ones(1)
+    conv = "copy" if op == "cp_gather_cache" else "e4m3_bf16"
+    dtype = torch.uint8 if conv == "copy" else torch.bfloat16
+    store = torch.zeros(40 * 576 + 64, dtype=dtype)
+
+    def dst_at(offset):
+        return store[offset: offset + 40 * 576].view(40, 576)
+
+    def args(dst, seq_starts=seq):
+        if op == "cp_gather_cache":
+            return cache, dst, bt, cu, 2, seq_starts
+        return cache, dst, bt, cu, cu, 40, "fp8", scale, seq_starts
+
+    def expected(dst):
+        n = len(planned)
+        plan = cache_gather.plan_for(op, *args(dst))._replace(device=0, rows_per_cta=8)
+        del planned[n:]  # plan_for runs plan_gather too: not the op's planning
+        cfg = cache_gather.launch_config(plan)
+        module = spec.MODULES[conv, (plan.vec, plan.svec)]
+        function = runtime.load(module, 0).functions[cfg.entry]
+        return (7, function), cfg.grid, spec.PARAMS.pack(**cfg.fields, error=0)
+
+    def last_launch():
+        return fake.launches[-1], fake.grid, fake.params[:spec.PARAMS.layout.size]
+
+    run = getattr(cache_gather, op)
+    run(*args(dst_at(0)))
+    assert len(planned) == 1 and last_launch() == expected(dst_at(0)) and fake.grid == 5
+    esz = dtype.itemsize
+    for offset in (16 // esz, 4 // esz, 0):  # 16 and 4 bytes off
+        run(*args(dst_at(offset)))
+        assert len(planned) == 1, "the fast path was not taken"
+        assert last_launch() == expected(dst_at(offset))
+        widths = spec.widest(conv) if offset * esz % 16 == 0 else spec.ANY
+        module = spec.MODULES[conv, widths]
+        assert fake.launches[-1][1] == runtime.load(module, 0).functions[spec.entry_name(conv, *widths)]
+    run(*args(dst_at(0), None))  # another layout
+    assert len(planned) == 2
+    launches = len(fake.launches)
+    if esz == 1:
+        with pytest.raises(ValueError, match="dst: data pointer"):
+            run(*args(dst_at(1)))
+    bad = cache.view(-1)[:40 * 576 * esz].view(dtype).view(40, 576)
+    with pytest.raises(ValueError, match="dst: its memory overlaps src_cache"):
+        run(*args(bad))
+    assert len(fake.launches) == launches
+
+    err = torch.zeros(4, dtype=torch.int64)
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    monkeypatch.setattr(runtime, "error_buffer", lambda device: err)
+    fake.on_launch = lambda: err.copy_(torch.tensor([10, 0, -3, 0]))
+    with pytest.raises(ValueError, match="cu_seq_lens: entry 0 = -3 is negative"):
+        run(*args(dst_at(0)))
+    cfg = cache_gather.launch_config(cache_gather.plan_for(op, *args(dst_at(0)))._replace(device=0, rows_per_cta=8))
+    assert fake.params[:spec.PARAMS.layout.size] == spec.PARAMS.pack(**cfg.fields, error=err.data_ptr())
