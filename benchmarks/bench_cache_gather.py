@@ -223,8 +223,8 @@ def fmt_row(r: dict) -> str:
 
 def markdown_table(rows: list[dict]) -> list[str]:
     """The record's table of the chunked gathers, as markdown lines."""
-    out = ["", "| chunked gather (requests x context) | variant | seq_starts | tokens | MB moved | copy | op | op / copy "
-               "| baseline | baseline / copy | target | met | op p10-p90 |",
+    out = ["", "| chunked gather (requests x context) | variant | seq_starts | tokens | MB moved | copy | op "
+               "| op / copy | baseline | baseline / copy | target | met | op p10-p90 |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lo, hi = r["op_spread_us"]
@@ -261,9 +261,11 @@ def dry_run(arch: str = "sm_90") -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="benchmarks/bench_cache_gather.py", description=__doc__.split("\n")[0],
-                                 epilog="The timed run is bench_mla.py's or bench.py's (scripts/gpu_check.sh bench_mla).")
+                                 epilog="The timed run is bench_mla.py's or bench.py's "
+                                        "(scripts/gpu_check.sh bench_mla).")
     ap.add_argument("--dry-run", action="store_true", required=True,
-                    help="no GPU: build every workload on the CPU, check the plans and byte counts, compile the baseline")
+                    help="no GPU: build every workload on the CPU, check the plans and byte counts, "
+                         "compile the baseline")
     ap.parse_args(argv)
     t0 = time.perf_counter()
     plans = dry_run()

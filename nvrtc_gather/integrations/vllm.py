@@ -221,9 +221,10 @@ def _load_vllm_library() -> None:
 
 def register(ops=None) -> tuple[str, ...]:
     """Make vLLM's ``torch.ops._C_cache_ops`` ops run nvrtc_gather's kernels on CUDA tensors:
-    ``ops`` names which (``"gather"``, ``"quant"``, ``"mla_write"``, ``"mla_gather"``, ``"cp_gather"``,
-    ``"dequant_gather"`` or their full names, an iterable or a comma-separated string; default all). Safe to call any number of
-    times; returns the ops replaced in this process so far. Logs one line saying which."""
+    ``ops`` names which (``"gather"``, ``"quant"``, ``"mla_write"``, ``"mla_gather"``,
+    ``"cp_gather"``, ``"dequant_gather"`` or their full names, an iterable or a comma-separated
+    string; default all). Safe to call any number of times; returns the ops replaced in this
+    process so far. Logs one line saying which."""
     wanted = activation.parse_ops(ops if isinstance(ops, str) else ",".join(ops), "ops") if ops is not None \
         else activation.ALL_OPS
     with _lock:
