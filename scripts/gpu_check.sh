@@ -45,14 +45,22 @@ for stage in $stages; do
       # the MLA-cache ops: their bad-index and misalignment tests (the whole grid would take long under memcheck)
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_mla_gpu.py -k "bad_indices or slots_past or misalignment or nothing_to_do or padding_only" 2>&1 \
-        | tee "$OUT/memcheck_mla.log" | tail -8 || status=1 ;;
+        | tee "$OUT/memcheck_mla.log" | tail -8 || status=1
+      # the chunked-context gathers: bad indices, the ANY entry points, cut rows
+      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        tests/gpu/test_cache_gather_gpu.py -k "bad_indices or misaligned or rows_cut or fast_path" 2>&1 \
+        | tee "$OUT/memcheck_cache_gather.log" | tail -8 || status=1 ;;
     racecheck)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1
       # the MLA gather (shared memory between its search and copy phases) and the write (warp shuffles)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_mla_gpu.py -k "forced_rows_per_cta or request_search or round_trip" 2>&1 \
-        | tee "$OUT/racecheck_mla.log" | tail -5 || status=1 ;;
+        | tee "$OUT/racecheck_mla.log" | tail -5 || status=1
+      # the chunked-context gathers (shared memory between the row search and the copy)
+      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        tests/gpu/test_cache_gather_gpu.py -k "request_counts and (33 or 1024)" 2>&1 \
+        | tee "$OUT/racecheck_cache_gather.log" | tail -5 || status=1 ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "

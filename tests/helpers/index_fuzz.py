@@ -625,41 +625,56 @@ def mla_gather_launch(c: MlaGatherFuzz, vec: int, debug: bool) -> Launch:
                   bounds)
 
 
-def check_mla_gather(c: MlaGatherFuzz, debug: bool, outcome) -> None:
-    from helpers.mla_reference import gather_row_readings, record_bytes, upconvert_record
-    src, dst, bt_t, ws_t, seq_t = c.tensors
+def check_gather_rows(c, debug: bool, outcome, dst, starts_ok: bool, owned, readings, names, codes) -> None:
+    """A gather fuzz case after its launch: the launch ran clean; every row of ``dst`` holds
+    one of ``readings(row)`` (the bytes its indices allow; exactly the one, or untouched when
+    none, if ``starts_ok``: the request starts are non-negative and non-decreasing); debug mode
+    reported one of ``codes`` exactly when something was bad (a start, or a row ``owned(row)``
+    by a request with no reading); no other byte of the arena changed (``names``: of the
+    case's tensors, for the message)."""
     problem = launch_problem(*outcome)
     assert problem is None, f"{problem}: {c.desc}"
     expected = c.before.clone()
-    got, old = dst.view(torch.uint8), same_view(dst, c.before)
-    batch, n = len(c.ws), c.num_rows
-    ws_ok = c.ws[0] >= 0 and all(a <= b for a, b in zip(c.ws, c.ws[1:]))
+    got, old = same_view(dst, c.arena.bytes), same_view(dst, c.before)
     faulty_row = False
-    for row in range(n):
-        want = [torch.frombuffer(bytearray(upconvert_record(record_bytes(src, b, e))), dtype=torch.uint8).view(-1)
-                for b, e in gather_row_readings(src, bt_t, c.ws, c.seq, batch, n, row)]
+    for row in range(c.num_rows):
+        want = readings(row)
         g = got[row].reshape(-1)
         untouched = torch.equal(g, old[row].reshape(-1))
-        if ws_ok:
+        if starts_ok:
             assert torch.equal(g, want[0]) if want else untouched, \
                 f"row {row} should be {'its reading' if want else 'untouched'}: {c.desc}"
-            owner = any(c.ws[r] <= row < (c.ws[r + 1] if r + 1 < batch else n) for r in range(batch))
-            faulty_row = faulty_row or (owner and not want)
+            faulty_row = faulty_row or (owned(row) and not want)
         else:
             assert untouched or any(torch.equal(g, w) for w in want), \
                 f"row {row} written with bytes no reading of the indices gives: {c.desc}"
     same_view(dst, expected).copy_(got)
     if debug:
         code = int(c.err[0])
-        if not ws_ok or faulty_row:
-            assert code in (2, 3, 8, 9), f"debug report {c.err.tolist()} for bad indices: {c.desc}"
+        if not starts_ok or faulty_row:
+            assert code in codes, f"debug report {c.err.tolist()} for bad indices: {c.desc}"
         else:
             assert code == 0, f"debug report {c.err.tolist()} for good indices: {c.desc}"
         same_view(c.err, expected).copy_(c.err.view(torch.uint8))
     regions = {nm: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
-               for nm, t in zip(("src_cache", "dst", "block_table", "workspace_starts", "seq_starts", "err"),
-                                c.tensors + (c.err,)) if t is not None}
+               for nm, t in zip(names + ("err",), c.tensors + (c.err,)) if t is not None}
     assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {c.desc}"
+
+
+def check_mla_gather(c: MlaGatherFuzz, debug: bool, outcome) -> None:
+    from helpers.mla_reference import gather_row_readings, record_bytes, upconvert_record
+    src, dst, bt_t, ws_t, seq_t = c.tensors
+    batch, n = len(c.ws), c.num_rows
+
+    def readings(row):
+        return [torch.frombuffer(bytearray(upconvert_record(record_bytes(src, b, e))), dtype=torch.uint8).view(-1)
+                for b, e in gather_row_readings(src, bt_t, c.ws, c.seq, batch, n, row)]
+
+    def owned(row):
+        return any(c.ws[r] <= row < (c.ws[r + 1] if r + 1 < batch else n) for r in range(batch))
+
+    check_gather_rows(c, debug, outcome, dst, c.ws[0] >= 0 and all(a <= b for a, b in zip(c.ws, c.ws[1:])), owned,
+                      readings, ("src_cache", "dst", "block_table", "workspace_starts", "seq_starts"), (2, 3, 8, 9))
 
 
 # --- the MLA write (cuda_src/mla_write.cu) --------------------------------------------------------
@@ -882,38 +897,17 @@ def cache_gather_launch(c: CacheGatherFuzz, widths: tuple, debug: bool) -> Launc
 def check_cache_gather(c: CacheGatherFuzz, debug: bool, outcome) -> None:
     from helpers.cache_gather_reference import convert_row, row_readings
     src, dst, bt_t, cu_t, seq_t, scale = c.tensors
-    problem = launch_problem(*outcome)
-    assert problem is None, f"{problem}: {c.desc}"
-    expected = c.before.clone()
-    got, old = same_view(dst, c.arena.bytes), same_view(dst, c.before)
-    batch, n = len(c.cu) - 1, c.num_rows
-    cu_ok = c.cu[0] >= 0 and all(a <= b for a, b in zip(c.cu, c.cu[1:]))
-    s = float(scale)
-    faulty_row = False
+    batch, n, s = len(c.cu) - 1, c.num_rows, float(scale)
     src_u8 = src.view(torch.uint8)
-    for row in range(n):
-        want = [torch.frombuffer(bytearray(convert_row(bytes(src_u8[b, e].tolist()), c.conversion, s)),
+
+    def readings(row):
+        return [torch.frombuffer(bytearray(convert_row(bytes(src_u8[b, e].tolist()), c.conversion, s)),
                                  dtype=torch.uint8)
                 for b, e in row_readings(bt_t, c.cu, c.seq, batch, n, c.block_size, c.num_blocks, row)]
-        g = got[row].reshape(-1)
-        untouched = torch.equal(g, old[row].reshape(-1))
-        if cu_ok:
-            assert torch.equal(g, want[0]) if want else untouched, \
-                f"row {row} should be {'its reading' if want else 'untouched'}: {c.desc}"
-            owner = any(c.cu[r] <= row < c.cu[r + 1] for r in range(batch))
-            faulty_row = faulty_row or (owner and not want)
-        else:
-            assert untouched or any(torch.equal(g, w) for w in want), \
-                f"row {row} written with bytes no reading of the indices gives: {c.desc}"
-    same_view(dst, expected).copy_(got)
-    if debug:
-        code = int(c.err[0])
-        if not cu_ok or faulty_row:
-            assert code in (2, 3, 5, 9, 10), f"debug report {c.err.tolist()} for bad indices: {c.desc}"
-        else:
-            assert code == 0, f"debug report {c.err.tolist()} for good indices: {c.desc}"
-        same_view(c.err, expected).copy_(c.err.view(torch.uint8))
-    regions = {nm: (span(t)[0] - c.arena.bytes.data_ptr(), span(t)[1] - c.arena.bytes.data_ptr())
-               for nm, t in zip(("src_cache", "dst", "block_table", "cu_seq_lens", "seq_starts", "scale", "err"),
-                                c.tensors + (c.err,)) if t is not None}
-    assert torch.equal(c.arena.bytes, expected), f"{first_difference(c.arena.bytes, expected, regions)}: {c.desc}"
+
+    def owned(row):
+        return any(c.cu[r] <= row < c.cu[r + 1] for r in range(batch))
+
+    check_gather_rows(c, debug, outcome, dst, c.cu[0] >= 0 and all(a <= b for a, b in zip(c.cu, c.cu[1:])), owned,
+                      readings, ("src_cache", "dst", "block_table", "cu_seq_lens", "seq_starts", "scale"),
+                      (2, 3, 5, 9, 10))

@@ -166,3 +166,14 @@ def test_sentinel_is_what_the_reference_leaves():
     want = reference(case).view(-1)[: case.dst.shape[0] * 576].view(-1, 576)
     assert bool((want[0] == SENTINEL).all()) and bool((want[-1] == SENTINEL).all())
     assert not bool((want[1] == SENTINEL).all())
+
+
+def test_opcheck():
+    """The registered schemas, fakes and dispatch pass torch's own consistency checks."""
+    rng = random.Random("opcheck")
+    for conversion in ("copy", "e4m3_bf16"):
+        c = make_case(rng, lens=[5, 9], conversion=conversion, seq_starts=True)
+        if conversion == "copy":
+            torch.library.opcheck(torch.ops.nvrtc_gather.cp_gather_cache.default, c.cp_args())
+        else:
+            torch.library.opcheck(torch.ops.nvrtc_gather.gather_and_maybe_dequant_cache.default, c.dequant_args())
