@@ -372,7 +372,8 @@ def markdown(result: dict) -> str:
             out.append(f"| {r['workload']} | {r['tokens']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
                        f"{r['op_us']:.1f} | {r['op_over_copy']:.2f} | {r['shape']} | {r['shape_usual_us']:.1f} | "
                        f"{r['shape_small_us']:.1f} | {r['cast_us']:.1f} |")
-    if result.get("mla_gather_workloads") or result.get("mla_write_workloads"):
+    if result.get("mla_gather_workloads") or result.get("mla_write_workloads") or \
+            result.get("chunked_gather_workloads"):
         from bench_mla import markdown_tables
         out += markdown_tables(result)
     h = result["host_cost"]
@@ -432,7 +433,10 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-first-calls", action="store_true")
     ap.add_argument("--skip-quant", action="store_true", help="skip the write-op (indexer_k_quant_and_cache) table")
     ap.add_argument("--skip-mla", action="store_true",
-                    help="skip the MLA-cache ops' tables (bench_mla.py: mla_gather_workloads, mla_write_workloads)")
+                    help="skip the MLA-cache ops' tables (bench_mla.py: mla_gather_workloads, mla_write_workloads; "
+                         "and the chunked gathers')")
+    ap.add_argument("--skip-chunked", action="store_true",
+                    help="skip the chunked-context gathers' table (bench_cache_gather.py: chunked_gather_workloads)")
     ap.add_argument("--mla-reps", type=int, default=None,
                     help="timed runs per implementation in the MLA tables (default: bench_mla.DEFAULT_REPS)")
     ap.add_argument("--sweep-tpc", default="", help="comma-separated tokens-per-block values to time the op with")
@@ -479,7 +483,7 @@ def main(argv=None) -> int:
             print(f"{r['workload']:>36} {r['tokens']:>9} {r['copy_us']:10.1f} {r['op_us']:10.1f} "
                   f"{r['op_over_copy']:6.2f}x  (shape {r['shape']}; usual {r['shape_usual_us']:.1f}, "
                   f"small {r['shape_small_us']:.1f}; torch's bf16 -> fp8 cast {r['cast_us']:.1f})", flush=True)
-    mla_gathers, mla_writes = [], []
+    mla_gathers, mla_writes, chunked = [], [], []
     if not args.skip_mla:
         import bench_mla
         mla_reps = args.mla_reps or bench_mla.DEFAULT_REPS
@@ -488,6 +492,10 @@ def main(argv=None) -> int:
         mla_gathers = bench_mla.bench_mla_gather(mla_reps, mla_flush)
         print(bench_mla.HEADER.replace("MLA workload", "MLA write"))
         mla_writes = bench_mla.bench_mla_write(mla_reps, mla_flush)
+        if not args.skip_chunked:
+            import bench_cache_gather
+            print(bench_cache_gather.HEADER)
+            chunked = bench_cache_gather.bench_chunked(mla_reps, mla_flush)
         mla_flush = None
     sweep = []
     if args.sweep_tpc:
@@ -502,6 +510,7 @@ def main(argv=None) -> int:
               f"({first['warm_compiles']} compiles); NVRTC compile alone {first['nvrtc_compile_ms']:.0f} ms")
     result = {"environment": env, "workloads": rows, "quant_workloads": quant, "host_cost": host,
               "mla_gather_workloads": mla_gathers, "mla_write_workloads": mla_writes,
+              "chunked_gather_workloads": chunked,
               "first_call": first, "sweep_tpc": sweep,
               "shape": {"head_dim": HEAD_DIM, "quant_block_size": QBS, "block_size": BLOCK_SIZE}}
     if args.tag:

@@ -1,9 +1,10 @@
 """Benchmark of the MLA-cache ops: cp_gather_and_upconvert_fp8_kv_cache and concat_and_cache_mla
 (fp8_ds_mla), each against a contiguous device copy of the same bytes (the ceiling) and a
-vLLM-style baseline kernel (benchmarks/baseline_mla.cu). Wired into bench.py (the rows land in
-its JSON record as "mla_gather_workloads" and "mla_write_workloads", the host cost in
-"host_cost"); also runs alone: ``python benchmarks/bench_mla.py OUT_DIR`` (writes
-bench_mla.json and bench_mla.md).
+vLLM-style baseline kernel (benchmarks/baseline_mla.cu); then the chunked-context gathers of
+every MLA model (bench_cache_gather.py: cp_gather_cache, gather_and_maybe_dequant_cache). Wired
+into bench.py (the rows land in its JSON record as "mla_gather_workloads", "mla_write_workloads"
+and "chunked_gather_workloads", the host cost in "host_cost"); also runs alone:
+``python benchmarks/bench_mla.py OUT_DIR`` (writes bench_mla.json and bench_mla.md).
 
 DeepSeek shapes: 64-token blocks of 656-byte records (512 fp8 codes, 4 fp32 tile scales, 64
 bf16 k_pe values), bf16 rows of 576 values. The gather reads 656 B and writes 1152 B per token;
@@ -188,9 +189,7 @@ def bench_mla_gather(reps: int = DEFAULT_REPS, flush: torch.Tensor | None = None
         fns = {"op": op, "baseline": gather_baseline(w, dst_op), "copy": _copy_fns(w.moved, gen)}
         row = {"workload": w.name, "requests": batch, "tokens": w.tokens, "bytes": w.moved,
                "rows_per_cta": plan.rows_per_cta, "vec": plan.vec}
-        summarize(row, time_samples(fns, flush, _reps_for(w.tokens, reps)))
-        _ratios(row)
-        rows.append(row)
+        rows.append(timed(row, fns, flush, reps))
         print(fmt_row(row), flush=True)
         w = fns = op = base = dst_op = None  # free the workload before the next
         torch.cuda.empty_cache()
@@ -276,13 +275,19 @@ def bench_mla_write(reps: int = DEFAULT_REPS, flush: torch.Tensor | None = None)
                "baseline": write_baseline(w, cache), "copy": _copy_fns(w.moved, gen)}
         row = {"workload": w.name, "requests": w.requests, "tokens": tokens, "bytes": w.moved,
                "vec": mla_write.plan_write(*w.args(cache)).vec}
-        summarize(row, time_samples(fns, flush, _reps_for(tokens, reps)))
-        _ratios(row)
-        rows.append(row)
+        rows.append(timed(row, fns, flush, reps))
         print(fmt_row(row) + f"  (plain rule {row['op_plain_us']:.1f})", flush=True)
         w = fns = cache = got = None
         torch.cuda.empty_cache()
     return rows
+
+
+def timed(row: dict, fns: dict, flush: torch.Tensor, reps: int) -> dict:
+    """``row`` (its "tokens" set) with the interleaved timings of ``fns`` (op, baseline, copy:
+    medians and spreads, more runs for small calls) and their ratios."""
+    summarize(row, time_samples(fns, flush, _reps_for(row["tokens"], reps)))
+    _ratios(row)
+    return row
 
 
 def _ratios(row: dict) -> None:
@@ -406,6 +411,9 @@ def markdown_tables(result: dict) -> list[str]:
         out += _table("MLA gather (requests x context)", result["mla_gather_workloads"])
     if result.get("mla_write_workloads"):
         out += _table("MLA write fp8_ds_mla", result["mla_write_workloads"], " op, plain scale rule |")
+    if result.get("chunked_gather_workloads"):
+        from bench_cache_gather import markdown_table
+        out += markdown_table(result["chunked_gather_workloads"])
     return out
 
 
@@ -422,6 +430,8 @@ def main(argv=None) -> int:
                     help=f"timed runs per implementation (x3 below {SMALL_TOKENS} tokens)")
     ap.add_argument("--skip-first-calls", action="store_true")
     ap.add_argument("--skip-host-cost", action="store_true")
+    ap.add_argument("--skip-chunked", action="store_true",
+                    help="skip the chunked-context gathers' table (bench_cache_gather.py)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/bench_mla.py: no CUDA GPU visible; the benchmark needs one.", file=sys.stderr)
@@ -435,6 +445,11 @@ def main(argv=None) -> int:
     gathers = bench_mla_gather(args.reps, flush)
     print(HEADER.replace("MLA workload", "MLA write"))
     writes = bench_mla_write(args.reps, flush)
+    chunked = []
+    if not args.skip_chunked:
+        import bench_cache_gather
+        print(bench_cache_gather.HEADER)
+        chunked = bench_cache_gather.bench_chunked(args.reps, flush)
     host = {} if args.skip_host_cost else mla_host_cost()
     if host:
         print("host cost per call, µs: " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in host.items() if k.endswith("_us")))
@@ -442,7 +457,7 @@ def main(argv=None) -> int:
     if first:
         print(f"first calls, fresh process: {first}")
     result = {"environment": env, "mla_gather_workloads": gathers, "mla_write_workloads": writes,
-              "mla_host_cost": host, "mla_first_call": first, "reps": args.reps,
+              "chunked_gather_workloads": chunked, "mla_host_cost": host, "mla_first_call": first, "reps": args.reps,
               "seconds": round(time.perf_counter() - t0, 1)}
     (args.out / "bench_mla.json").write_text(json.dumps(result, indent=2))
     md = markdown_tables(result)

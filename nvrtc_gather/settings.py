@@ -25,8 +25,8 @@ VARIABLES = {
     DISABLE_JIT_ENV: "boolean: never compile; a kernel missing from the cache raises JitDisabledError",
     DEBUG_ENV: "boolean: kernels check their indices, the op raises on bad ones (one sync per call)",
     VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's cache ops (integrations/vllm.py)",
-    VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces, comma-separated: gather, quant, mla_write, mla_gather "
-                  "(default all four)",
+    VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces, comma-separated: gather, quant, mla_write, mla_gather, "
+                  "cp_gather, dequant_gather (default all six)",
 }
 BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV, VLLM_ENV)
 _DEFAULT_ON = (VLLM_ENV,)

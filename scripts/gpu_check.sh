@@ -8,8 +8,9 @@
 #   workers, one per GPU, and one process on two GPUs; its 2-GPU parts skip with the reason on one GPU);
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
 #   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/profile_gather.py);
-#   bench = benchmarks/bench.py, the MLA-cache ops' tables included (benchmarks/bench_mla.py; --skip-mla
-#   in BENCH_ARGS leaves them out); bench_mla = the MLA tables alone (BENCH_MLA_ARGS passes its options);
+#   bench = benchmarks/bench.py, the MLA-cache ops' tables included (benchmarks/bench_mla.py, with the
+#   chunked-context gathers' table, bench_cache_gather.py; --skip-mla in BENCH_ARGS leaves them out,
+#   --skip-chunked only the latter); bench_mla = the MLA tables alone (BENCH_MLA_ARGS passes its options);
 #   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark,
 #   PROFILE_ARGS workloads (BATCHxMEAN ...) to the profile)
 # Logs and results go to $OUT (the device tool's output folder) or ./out.

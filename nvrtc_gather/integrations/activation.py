@@ -3,10 +3,11 @@
 ``NVRTC_GATHER_VLLM``: on by default; ``0``/``false``/``no``/``off``/empty turn the plugin off,
 ``1``/``true``/``yes``/``on`` keep it on (case-insensitive). Anything else raises, naming the
 variable: a typo must not silently leave vLLM's kernels (or ours) in place.
-``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (default all four):
+``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (default all six):
 ``gather`` (cp_gather_indexer_k_quant_cache), ``quant`` (indexer_k_quant_and_cache), ``mla_write``
-(concat_and_cache_mla) and ``mla_gather`` (cp_gather_and_upconvert_fp8_kv_cache); the ops' full
-names are accepted too."""
+(concat_and_cache_mla), ``mla_gather`` (cp_gather_and_upconvert_fp8_kv_cache), ``cp_gather``
+(cp_gather_cache) and ``dequant_gather`` (gather_and_maybe_dequant_cache); the ops' full names are
+accepted too."""
 from __future__ import annotations
 
 import os
@@ -20,8 +21,11 @@ GATHER = "cp_gather_indexer_k_quant_cache"
 QUANT = "indexer_k_quant_and_cache"
 MLA_WRITE = "concat_and_cache_mla"
 MLA_GATHER = "cp_gather_and_upconvert_fp8_kv_cache"
-ALL_OPS = (GATHER, QUANT, MLA_WRITE, MLA_GATHER)  # the fixed order ops are named in
-SHORT_NAMES = {"gather": GATHER, "quant": QUANT, "mla_write": MLA_WRITE, "mla_gather": MLA_GATHER}
+CP_GATHER = "cp_gather_cache"
+DEQUANT_GATHER = "gather_and_maybe_dequant_cache"
+ALL_OPS = (GATHER, QUANT, MLA_WRITE, MLA_GATHER, CP_GATHER, DEQUANT_GATHER)  # the fixed order ops are named in
+SHORT_NAMES = {"gather": GATHER, "quant": QUANT, "mla_write": MLA_WRITE, "mla_gather": MLA_GATHER,
+               "cp_gather": CP_GATHER, "dequant_gather": DEQUANT_GATHER}
 OP_NAMES = {**SHORT_NAMES, **{name: name for name in ALL_OPS}}
 
 

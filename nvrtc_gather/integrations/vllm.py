@@ -1,23 +1,26 @@
-"""Route vLLM's DeepSeek-V3.2 cache ops to nvrtc_gather's kernels.
+"""Route vLLM's MLA and DeepSeek-V3.2 cache ops to nvrtc_gather's kernels.
 
 ``register()`` overrides the CUDA kernels of ``torch.ops._C_cache_ops.<op>`` for the indexer's
-``cp_gather_indexer_k_quant_cache`` and ``indexer_k_quant_and_cache`` and the MLA cache's
-``concat_and_cache_mla`` and ``cp_gather_and_upconvert_fp8_kv_cache`` (vLLM's schemas, registered
-by its compiled library; ``vllm/_custom_ops.py`` calls them through ``torch.ops``) with
-nvrtc_gather's, through a ``torch.library`` FRAGMENT. Where vLLM's library is not loaded, it
-defines those schemas itself (vLLM 0.33's, with CPU kernels and fake implementations too), so the
-override also works, and is tested, without vLLM. Idempotent.
+``cp_gather_indexer_k_quant_cache`` and ``indexer_k_quant_and_cache``, the MLA cache's
+``concat_and_cache_mla`` and ``cp_gather_and_upconvert_fp8_kv_cache``, and the chunked-context
+gathers every MLA model runs, ``cp_gather_cache`` and ``gather_and_maybe_dequant_cache`` (vLLM's
+schemas, registered by its compiled library; ``vllm/_custom_ops.py`` calls them through
+``torch.ops``) with nvrtc_gather's, through a ``torch.library`` FRAGMENT. Where vLLM's library is
+not loaded, it defines those schemas itself (vLLM 0.33's, with CPU kernels and fake
+implementations too), so the override also works, and is tested, without vLLM. Idempotent.
 
-The MLA ops follow the schema of the vLLM that is loaded: ``skip_scale`` is honoured where the
-schema has it; calls we do not serve (the gather's host-offload arguments ``host_cache`` /
-``host_row_ids`` / ``device_row_ids``, a ``kv_cache_dtype`` outside ours such as ``"fp8_e5m2"``)
-go to vLLM's own kernel, fetched before the override (``torch.library.get_kernel``); an op whose
-schema we cannot serve at all (vLLM's oldest gather, with ``seq_lens``) is left to vLLM, and the
-log says why.
+The ops follow the schema of the vLLM that is loaded: ``skip_scale`` is honoured where the
+schema has it; calls we do not serve (the MLA gather's host-offload arguments ``host_cache`` /
+``host_row_ids`` / ``device_row_ids``; a ``kv_cache_dtype`` outside ours: ``"fp8_e5m2"`` for the
+MLA write, anything but ``"auto"`` / ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"`` for the
+dequantizing gather) go to vLLM's own kernel, fetched before the override
+(``torch.library.get_kernel``); an op whose schema we cannot serve at all (vLLM's oldest MLA
+gather, with ``seq_lens``; an older dequantizing gather with ``batch_size`` where 0.33 has
+``token_to_seq``) is left to vLLM, and the log says why.
 
 As a vLLM plugin: the package declares the ``vllm.general_plugins`` entry point ``nvrtc_gather``
 (:func:`plugin`). vLLM calls it in every process (``vllm/plugins/__init__.py:
-load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces all four ops unless
+load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces all six ops unless
 ``NVRTC_GATHER_VLLM=0`` (integrations/activation.py), and loads the kernels on each worker's GPU
 when the worker has set its device (integrations/vllm_worker.py).
 
@@ -36,8 +39,10 @@ import warnings
 
 import torch
 
-from .. import concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, cp_gather_indexer_k_quant_cache, \
-    indexer_k_quant_and_cache
+from .. import concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, cp_gather_cache, \
+    cp_gather_indexer_k_quant_cache, gather_and_maybe_dequant_cache, indexer_k_quant_and_cache
+from ..ops.cache_gather import KV_CACHE_DTYPES as GATHER_KV_CACHE_DTYPES, cp_gather_cache_fake, \
+    gather_and_maybe_dequant_cache_fake
 from ..ops.gather import gather_fake
 from ..ops.indexer_k_quant import quant_fake
 from ..ops.mla_gather import gather_fake as mla_gather_fake
@@ -59,6 +64,11 @@ SCHEMAS = {
                                             "Tensor block_table, Tensor workspace_starts, int batch_size, "
                                             "Tensor? seq_starts, Tensor? host_cache=None, Tensor? host_row_ids=None, "
                                             "Tensor? device_row_ids=None) -> ()",
+    "cp_gather_cache": "cp_gather_cache(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor cu_seq_lens, "
+                       "int batch_size, Tensor? seq_starts) -> ()",
+    "gather_and_maybe_dequant_cache": "gather_and_maybe_dequant_cache(Tensor src_cache, Tensor! dst, "
+                                      "Tensor block_table, Tensor cu_seq_lens, Tensor token_to_seq, int num_tokens, "
+                                      "str kv_cache_dtype, Tensor scale, Tensor? seq_starts) -> ()",
 }
 # The arguments our implementations take, in order: a loaded schema must name a prefix of them
 # (older vLLMs have fewer trailing arguments); anything else is left to vLLM.
@@ -139,6 +149,16 @@ def _mla_gather(vllm_kernel, keyset, src_cache, dst, block_table, workspace_star
     cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
 
 
+def _dequant_gather(vllm_kernel, keyset, src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                    kv_cache_dtype, scale, seq_starts=None):
+    if kv_cache_dtype not in GATHER_KV_CACHE_DTYPES:  # vLLM 0.33's kernel knows no others either: its error
+        return _to_vllm(vllm_kernel, keyset, "gather_and_maybe_dequant_cache", f"kv_cache_dtype={kv_cache_dtype!r}",
+                        src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale,
+                        seq_starts)
+    gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                                   kv_cache_dtype, scale, seq_starts)
+
+
 def _to_vllm(vllm_kernel, keyset, name: str, why: str, *args):
     """Run vLLM's own CUDA kernel of ``name`` (fetched before the override) on a call we do not serve."""
     if vllm_kernel is None:
@@ -155,7 +175,9 @@ def _mla_gather_fake(src_cache, dst, block_table, workspace_starts, batch_size, 
 _IMPLS = {"cp_gather_indexer_k_quant_cache": (cp_gather_indexer_k_quant_cache, gather_fake, False),
           "indexer_k_quant_and_cache": (_quant, quant_fake, False),
           "concat_and_cache_mla": (_mla_write, mla_write_fake, True),
-          "cp_gather_and_upconvert_fp8_kv_cache": (_mla_gather, _mla_gather_fake, True)}
+          "cp_gather_and_upconvert_fp8_kv_cache": (_mla_gather, _mla_gather_fake, True),
+          "cp_gather_cache": (cp_gather_cache, cp_gather_cache_fake, False),
+          "gather_and_maybe_dequant_cache": (_dequant_gather, gather_and_maybe_dequant_cache_fake, True)}
 
 
 def _has_schema(name: str) -> bool:
@@ -199,9 +221,10 @@ def _load_vllm_library() -> None:
 
 def register(ops=None) -> tuple[str, ...]:
     """Make vLLM's ``torch.ops._C_cache_ops`` ops run nvrtc_gather's kernels on CUDA tensors:
-    ``ops`` names which (``"gather"``, ``"quant"``, ``"mla_write"``, ``"mla_gather"`` or their full
-    names, an iterable or a comma-separated string; default all). Safe to call any number of
-    times; returns the ops replaced in this process so far. Logs one line saying which."""
+    ``ops`` names which (``"gather"``, ``"quant"``, ``"mla_write"``, ``"mla_gather"``,
+    ``"cp_gather"``, ``"dequant_gather"`` or their full names, an iterable or a comma-separated
+    string; default all). Safe to call any number of times; returns the ops replaced in this
+    process so far. Logs one line saying which."""
     wanted = activation.parse_ops(ops if isinstance(ops, str) else ",".join(ops), "ops") if ops is not None \
         else activation.ALL_OPS
     with _lock:
@@ -251,7 +274,7 @@ def _register(names: list[str]) -> None:
 def plugin() -> None:
     """The ``vllm.general_plugins`` entry point. vLLM runs it in every process when
     ``VLLM_PLUGINS`` is unset or names ``nvrtc_gather`` (its own check, exact names, no spaces
-    stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all four) unless
+    stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all six) unless
     ``NVRTC_GATHER_VLLM`` is off, and hooks the worker's device setup to load their kernels
     on that GPU before serving. A bad value of either variable raises ValueError naming it."""
     off = None if activation.vllm_enabled() else f"{activation.ENABLE_ENV}=0"

@@ -29,7 +29,9 @@ import time
 import torch
 
 from ..jit import runtime
-from ..kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache as mla_kernels
+from ..kernels import cache_gather as cache_gather_kernels, gather as gather_kernels, \
+    indexer_k_quant as quant_kernels, mla_cache as mla_kernels
+from ..ops.cache_gather import KV_CACHE_DTYPES as GATHER_KV_CACHE_DTYPES
 from ..ops.indexer_k_quant import TYPE_NAMES
 from ..ops.mla_write import TYPE_NAMES as MLA_TYPE_NAMES
 from . import activation
@@ -48,9 +50,11 @@ def status() -> str:
     return _state["status"]
 
 
-def modules_for(ops, dtype: torch.dtype | None = None) -> tuple:
+def modules_for(ops, dtype: torch.dtype | None = None, cache_dtype: str | None = None) -> tuple:
     """The kernel modules the given vLLM ops can launch: every gather module (one per vector
-    width), and the write ops' modules for the model's dtype (every dtype when unknown)."""
+    width), the write ops' modules for the model's dtype (every dtype when unknown), the
+    chunked-context gathers' byte copy and the fp8 dequantization of the KV cache's dtype
+    (vLLM's ``cache_dtype``; both fp8 formats when unknown) into the model's dtype."""
     mods = []
     if activation.GATHER in ops:
         mods += gather_kernels.MODULES.values()
@@ -63,6 +67,16 @@ def modules_for(ops, dtype: torch.dtype | None = None) -> tuple:
         mods += [m for dt, m in mla_kernels.PLAIN_MODULES.items() if want in (None, dt)]
     if activation.MLA_GATHER in ops:
         mods.append(mla_kernels.GATHER_MODULE)
+    # The chunked gathers: each conversion's widest module (the one aligned tensors, as vLLM's, take).
+    convs = []
+    if activation.CP_GATHER in ops or activation.DEQUANT_GATHER in ops:
+        convs.append("copy")  # cp_gather_cache; the "auto" dequantizing gather
+    if activation.DEQUANT_GATHER in ops:  # fp8 caches only (fp8_ds_mla never comes here)
+        formats = ("e4m3", "e5m2") if cache_dtype is None else (GATHER_KV_CACHE_DTYPES.get(cache_dtype),)
+        want = TYPE_NAMES.get(dtype)
+        convs += [c for c in cache_gather_kernels.CONVERSIONS
+                  if c != "copy" and c.split("_")[0] in formats and want in (None, c.split("_")[1])]
+    mods += [cache_gather_kernels.MODULES[c, cache_gather_kernels.widest(c)] for c in convs]
     return tuple(mods)
 
 
@@ -117,7 +131,8 @@ def preload_worker(worker) -> None:
         _state["status"] = "not loaded: this worker has no CUDA device"
         return
     dtype = getattr(getattr(worker, "model_config", None), "dtype", None)
-    modules = modules_for(_state["ops"], dtype)
+    cache_dtype = getattr(getattr(worker, "cache_config", None), "cache_dtype", None)
+    modules = modules_for(_state["ops"], dtype, cache_dtype if isinstance(cache_dtype, str) else None)
     start = time.perf_counter()
     runtime.preload(device, modules=modules)
     ms = (time.perf_counter() - start) * 1e3

@@ -23,18 +23,19 @@ KERNELS = {
 }
 
 
-def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
+def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant", modules=None):
     """The emulator of ``kernel``'s source built as its spec builds it (the spec's -D
     constants, the entry points it generates for every module of the family) with extra
     ``-D`` ``defines`` (one build per kernel and set, per process); skips the test when no
-    C++20 compiler is available.
+    C++20 compiler is available. ``modules``: a family not in KERNELS (a benchmark's
+    baseline, whose source lives in its ``source_dir``), built under the name ``kernel``.
 
     Several builds live in one process, each with its own __shared__ arrays (static locals of
     templates: GCC would make them STB_GNU_UNIQUE, one object for every library that defines
     the symbol, whatever its size there; -fno-gnu-unique keeps them apart)."""
     if (kernel, defines) in _BUILDS:
         return _BUILDS[kernel, defines]
-    modules = list(KERNELS[kernel].values())
+    modules = list(modules if modules is not None else KERNELS[kernel].values())
     first = modules[0]
     source, params = first.source, first.params.name
     assert all(m.source == source and m.params == first.params and m.defines == first.defines for m in modules), kernel
@@ -48,13 +49,14 @@ def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant"):
     here = Path(__file__).resolve().parent
     cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-shared",
            "-fPIC", "-Wno-unknown-pragmas", f"-I{sources.source_dir()}",
+           *([f"-I{first.source_dir}"] if first.source_dir else []),
            f'-DKERNEL_FILE="{source}"', f'-DKERNEL_ENTRIES="{entries}"', f"-DKERNEL_PARAMS={params}",
            *first.defines, *defines, str(here / "cuda_host_emu.cpp"), "-o", str(lib)]
     r = subprocess.run(cmd[:1] + ["-fno-gnu-unique"] + cmd[1:], capture_output=True, text=True)
     if r.returncode and "gnu-unique" in r.stderr:  # not GCC: clang does not make them unique
         r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
-        if str(sources.source_dir()) in r.stderr:  # the kernel source itself does not build here
+        if any(str(d) in r.stderr for d in (sources.source_dir(), first.source_dir) if d):  # the source fails
             pytest.fail(f"the host emulator of {source} {' '.join(defines)} does not build: {r.stderr[-1500:]}")
         pytest.skip(f"could not build the host emulator (a C++20 compiler is needed): {r.stderr[-800:]}")
     dll = ctypes.CDLL(str(lib))

@@ -225,7 +225,6 @@ MLA_STUB = """
     import json, logging, torch
     # A stand-in for vLLM's compiled library with the MLA ops' schemas of SCHEMA_SET; its kernels
     # record their calls (vLLM's own kernel is where the calls we do not serve must go).
-    stub = torch.library.Library("_C_cache_ops", "DEF")
     schemas = {
         "0.33": ["concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
                  "str kv_cache_dtype, Tensor scale, bool skip_scale=False) -> ()",
@@ -237,13 +236,8 @@ MLA_STUB = """
                   "cp_gather_and_upconvert_fp8_kv_cache(Tensor src_cache, Tensor! dst, Tensor block_table, "
                   "Tensor seq_lens, Tensor workspace_starts, int batch_size) -> ()"],
     }["SCHEMA_SET"]
-    calls = []
-    for schema in schemas:
-        stub.define(schema)
-        name = schema.split("(")[0]
-        def kernel(*args, _name=name):
-            calls.append([_name, len(args)])
-        stub.m.impl(name, "CUDA", kernel, False)
+    from helpers.vllm_standin import stand_in_library
+    stub, calls = stand_in_library(schemas)
     from nvrtc_gather.integrations import vllm
     vllm.register(["mla_write", "mla_gather"])
     import nvrtc_gather as ng

@@ -12,6 +12,7 @@ from nvrtc_gather.integrations import activation
 
 GATHER, QUANT = "cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"
 MLA_WRITE, MLA_GATHER = "concat_and_cache_mla", "cp_gather_and_upconvert_fp8_kv_cache"
+CP_GATHER, DEQUANT_GATHER = "cp_gather_cache", "gather_and_maybe_dequant_cache"
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("TRUE", True), ("yes", True), (" On ", True),
@@ -32,7 +33,9 @@ def test_enable_variable_refuses_other_values_naming_it(monkeypatch, value):
 
 
 @pytest.mark.parametrize("value, ops", [("gather", (GATHER,)), ("quant", (QUANT,)), (" quant , gather", (GATHER, QUANT)),
-                                        (GATHER, (GATHER,)), ("GATHER,gather", (GATHER,))])
+                                        (GATHER, (GATHER,)), ("GATHER,gather", (GATHER,)),
+                                        ("dequant_gather,cp_gather", (CP_GATHER, DEQUANT_GATHER)),
+                                        (DEQUANT_GATHER, (DEQUANT_GATHER,))])
 def test_ops_variable_selects_ops(monkeypatch, value, ops):
     monkeypatch.setenv("NVRTC_GATHER_VLLM_OPS", value)
     assert activation.vllm_ops() == ops
@@ -73,6 +76,7 @@ PLUGIN = """
                       "gather": ours("cp_gather_indexer_k_quant_cache"), "quant": ours("indexer_k_quant_and_cache"),
                       "mla_write": ours("concat_and_cache_mla"),
                       "mla_gather": ours("cp_gather_and_upconvert_fp8_kv_cache"),
+                      "cp_gather": ours("cp_gather_cache"), "dequant_gather": ours("gather_and_maybe_dequant_cache"),
                       "log": vllm_log.getvalue()}))
 """
 
@@ -82,11 +86,12 @@ def test_plugin_replaces_both_ops_by_default_and_says_so_in_vllms_log():
     assert got["before"] == {"registered": False, "ops": [], "schemas": None, "activated_by": None,
                              "disabled_by": None, "preload": "not installed", "left_to_vllm": {}}
     assert got["error"] is None and got["gather"] and got["quant"] and got["mla_write"] and got["mla_gather"]
-    assert got["status"] == {"registered": True, "ops": [GATHER, QUANT, MLA_WRITE, MLA_GATHER],
+    assert got["cp_gather"] and got["dequant_gather"]
+    assert got["status"] == {"registered": True, "ops": [GATHER, QUANT, MLA_WRITE, MLA_GATHER, CP_GATHER, DEQUANT_GATHER],
                              "schemas": "nvrtc_gather", "activated_by": "plugin", "disabled_by": None,
                              "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {}}
-    assert f"torch.ops._C_cache_ops.{{{GATHER}, {QUANT}, {MLA_WRITE}, {MLA_GATHER}}} now run nvrtc_gather's kernels" \
-        in got["log"], got["log"]
+    assert (f"torch.ops._C_cache_ops.{{{GATHER}, {QUANT}, {MLA_WRITE}, {MLA_GATHER}, {CP_GATHER}, {DEQUANT_GATHER}}} "
+            "now run nvrtc_gather's kernels") in got["log"], got["log"]
 
 
 @pytest.mark.parametrize("value", ["0", "off", ""])
@@ -106,12 +111,17 @@ def test_plugin_with_a_bad_switch_raises_naming_the_variable():
 def test_per_op_opt_out_replaces_only_the_named_op_and_logs_which():
     got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS="gather")
     assert got["gather"] and not got["quant"] and not got["mla_write"] and not got["mla_gather"]
+    assert not got["cp_gather"] and not got["dequant_gather"]
     assert got["status"]["ops"] == [GATHER]
     assert f"{{{GATHER}}} now run nvrtc_gather's kernels" in got["log"]
-    assert f"; {QUANT}, {MLA_WRITE}, {MLA_GATHER} left to vLLM" in got["log"]
+    assert f"; {QUANT}, {MLA_WRITE}, {MLA_GATHER}, {CP_GATHER}, {DEQUANT_GATHER} left to vLLM" in got["log"]
     got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS="mla_gather, quant")
     assert got["quant"] and got["mla_gather"] and not got["gather"] and not got["mla_write"]
     assert got["status"]["ops"] == [QUANT, MLA_GATHER]
+    got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS="dequant_gather")
+    assert got["dequant_gather"] and not got["cp_gather"] and not got["gather"] and not got["mla_gather"]
+    assert got["status"]["ops"] == [DEQUANT_GATHER]
+    assert f"{{{DEQUANT_GATHER}}} now run nvrtc_gather's kernels" in got["log"]
 
 
 def test_register_accepts_op_names_and_refuses_unknown_ones():
@@ -133,13 +143,16 @@ def test_register_accepts_op_names_and_refuses_unknown_ones():
 
 # A stand-in for vllm/v1/worker/worker_base.py with what the hook relies on: WorkerWrapperBase,
 # whose init_device calls the worker's init_device (which sets the device: gpu_worker.py), and
-# a worker with .device and .model_config.dtype.
+# a worker with .device, .model_config.dtype and .cache_config.cache_dtype.
 FAKE_WORKER_BASE = '''
 import torch
 class _Config:
     dtype = torch.bfloat16
+class _CacheConfig:
+    cache_dtype = "fp8"
 class _Worker:
     model_config = _Config()
+    cache_config = _CacheConfig()
     def __init__(self, index):
         self.index = index
     def init_device(self):
@@ -191,14 +204,34 @@ def test_worker_hook_loads_the_kernels_on_the_workers_own_gpu_only(tmp_path, imp
     quant_bf16 = ["quant_cache_bf16_v16", "quant_cache_bf16_v16_small", "quant_cache_bf16_v8",
                   "quant_cache_bf16_v8_small", "quant_cache_bf16_any"]
     mla_bf16 = ["mla_ds_bf16", "mla_plain_bf16", "mla_gather"]
-    want = gather + quant_bf16 + mla_bf16
+    chunked_fp8_bf16 = ["cache_gather_copy", "cache_gather_e4m3_bf16"]  # cache_dtype "fp8", model dtype bf16
+    want = gather + quant_bf16 + mla_bf16 + chunked_fp8_bf16
     assert got["calls"] == [[3, want], [5, want]]  # one device per worker, no other
-    assert got["status"].startswith("loaded on cuda:5 (11 modules, ")
+    assert got["status"].startswith("loaded on cuda:5 (13 modules, ")
 
 
 def test_worker_hook_loads_only_the_replaced_ops_kernels(tmp_path):
     got = run(HOOK.replace("IMPORT_FIRST", "False"), path=[_fake_vllm(tmp_path)], NVRTC_GATHER_VLLM_OPS="gather")
     assert got["calls"][0] == [3, ["gather_indexer_k_v16", "gather_indexer_k_v8", "gather_indexer_k_v4"]]
+
+
+@pytest.mark.parametrize("cache_dtype, dtype, want", [
+    ("auto", "bfloat16", ["cache_gather_copy"]),
+    ("fp8_e4m3", "float16", ["cache_gather_copy", "cache_gather_e4m3_f16"]),
+    ("fp8_e5m2", "float32", ["cache_gather_copy", "cache_gather_e5m2_f32"]),
+    ("fp8_ds_mla", "bfloat16", ["cache_gather_copy"]),  # vLLM gathers it with the upconvert op
+    (None, "bfloat16", ["cache_gather_copy", "cache_gather_e4m3_bf16", "cache_gather_e5m2_bf16"]),
+])
+def test_worker_hook_loads_the_chunked_gathers_for_the_cache_and_model_dtypes(cache_dtype, dtype, want):
+    """vLLM's chunked-context prefill gathers with cp_gather_cache (any cache, byte copy) or
+    gather_and_maybe_dequant_cache ("auto": the copy; fp8: dequantized to the model's dtype)."""
+    import torch
+
+    from nvrtc_gather.integrations import vllm_worker
+    got = vllm_worker.modules_for((CP_GATHER, DEQUANT_GATHER), getattr(torch, dtype), cache_dtype)
+    assert [m.name for m in got] == want
+    assert [m.name for m in vllm_worker.modules_for((CP_GATHER,), getattr(torch, dtype), cache_dtype)] == \
+        ["cache_gather_copy"]
 
 
 def test_worker_hook_is_not_installed_when_the_plugin_is_off(tmp_path):
@@ -257,12 +290,13 @@ REAL_PRELOAD = """
 def test_worker_hook_really_loads_the_kernels_on_that_gpu_only(tmp_path):
     got = run(REAL_PRELOAD, path=[_fake_vllm(tmp_path)], NVRTC_GATHER_CACHE_DIR=str(tmp_path / "cache"))
     d = got["last"]
-    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (11 modules")
+    assert got["error"] is None and got["status"].startswith(f"loaded on cuda:{d} (13 modules")
     assert got["loaded"] == sorted(f"{m}@{d}" for m in ("gather_indexer_k_v16", "gather_indexer_k_v8",
                                                         "gather_indexer_k_v4", "quant_cache_bf16_v16",
                                                         "quant_cache_bf16_v16_small", "quant_cache_bf16_v8",
                                                         "quant_cache_bf16_v8_small", "quant_cache_bf16_any",
-                                                        "mla_ds_bf16", "mla_plain_bf16", "mla_gather"))
+                                                        "mla_ds_bf16", "mla_plain_bf16", "mla_gather",
+                                                        "cache_gather_copy", "cache_gather_e4m3_bf16"))
 
 
 @pytest.mark.gpu

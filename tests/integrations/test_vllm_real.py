@@ -54,9 +54,10 @@ LOAD_AND_CALL = """
         case = make_gather_case(rng, block_size=64, head_dim=128, quant_block_size=128, batch=6, max_len=300)
         k_ref, s_ref = gather_reference(case.kv_cache, case.block_table, case.cu_seq_lens, case.dst_k.size(0),
                                         case.head_dim, case.scale_words)
-        ops.cp_gather_indexer_k_quant_cache(*case.args())
-        out["gather"] = torch.equal(case.dst_k.view(torch.uint8), k_ref) and \\
-            torch.equal(case.dst_scale.view(torch.uint8), s_ref)
+        if "cp_gather_indexer_k_quant_cache" in out["status"]["ops"]:
+            ops.cp_gather_indexer_k_quant_cache(*case.args())
+            out["gather"] = torch.equal(case.dst_k.view(torch.uint8), k_ref) and \\
+                torch.equal(case.dst_scale.view(torch.uint8), s_ref)
         for fmt in ("ue8m0", "fp8_e4m3", "mxfp8") if "indexer_k_quant_and_cache" in out["status"]["ops"] else ():
             case = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=torch.bfloat16,
                                    scale_fmt="ue8m0", num_tokens=70)
@@ -85,6 +86,24 @@ LOAD_AND_CALL = """
         ng.cp_gather_and_upconvert_fp8_kv_cache(cache, want_rows, bt, ws, 2, torch.tensor([5, 0], dtype=torch.int32))
         out["mla_gather"] = torch.equal(got_rows.view(torch.int16), want_rows.view(torch.int16)) and \
             not torch.equal(got_rows, torch.full_like(got_rows, 7.0))
+    if "cp_gather_cache" in out["status"]["ops"]:
+        # the chunked-context gathers as vLLM's MLA prefill calls them (mla_attention.py): keywords,
+        # seq_starts, the whole workspace with num_tokens below its rows; against the independent reference
+        from helpers.cache_gather_reference import make_case, reference
+        rng = random.Random(27)
+        case = make_case(rng, lens=[30, 0, 77, 5], block_size=64, seq_starts=True, extra_rows=4)
+        ops.cp_gather_cache(src_cache=case.src_cache, dst=case.dst, block_table=case.block_table,
+                            cu_seq_lens=case.cu_seq_lens, batch_size=case.batch, seq_starts=case.seq_starts)
+        out["cp_gather"] = torch.equal(case.dst_store, reference(case))
+        for fmt, kw in (("auto", dict(src_dtype=torch.bfloat16)), ("fp8", dict(conversion="e4m3_bf16")),
+                        ("fp8_e5m2", dict(conversion="e5m2_f16"))):
+            case = make_case(rng, lens=[41, 3, 0, 66], block_size=16, seq_starts=True, extra_rows=20, **kw)
+            case = dataclasses.replace(case, num_rows=case.num_rows - 25)
+            args = case.dequant_args(fmt)
+            ops.gather_and_maybe_dequant_cache(src_cache=args[0], dst=args[1], block_table=args[2],
+                                               cu_seq_lens=args[3], token_to_seq=args[4], num_tokens=args[5],
+                                               kv_cache_dtype=args[6], scale=args[7], seq_starts=args[8])
+            out[f"dequant_gather {fmt}"] = torch.equal(case.dst_store, reference(case))
     print(json.dumps(out))
 """
 
@@ -104,9 +123,12 @@ def test_vllms_loader_loads_the_plugin_and_vllms_wrappers_run_our_ops(vllm_dir):
                              "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {}}, got
     assert got["gather"] and got["ue8m0"] and got["fp8_e4m3"] and got["mxfp8"], got
     assert got["mla_write"] and got["mla_gather"], got
+    assert got["cp_gather"] and got["dequant_gather auto"] and got["dequant_gather fp8"] and \
+        got["dequant_gather fp8_e5m2"], got
     # vLLM's logger (its own handler, propagate=False) carries our line
     assert re.search(r"INFO .*nvrtc_gather: torch\.ops\._C_cache_ops\.\{cp_gather_indexer_k_quant_cache, "
-                     r"indexer_k_quant_and_cache, concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache\} "
+                     r"indexer_k_quant_and_cache, concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, "
+                     r"cp_gather_cache, gather_and_maybe_dequant_cache\} "
                      r"now run nvrtc_gather's kernels", log), log[-3000:]
 
 
@@ -128,7 +150,14 @@ def test_switched_off_under_vllm_leaves_vllms_ops_and_says_so(vllm_dir):
 def test_only_the_gather_under_vllm(vllm_dir):
     got, log = _load(NVRTC_GATHER_VLLM_OPS="gather")
     assert got["status"]["ops"] == ["cp_gather_indexer_k_quant_cache"] and got["gather"] and "mxfp8" not in got, got
-    assert "indexer_k_quant_and_cache, concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache left to vLLM" in log
+    assert ("indexer_k_quant_and_cache, concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, cp_gather_cache, "
+            "gather_and_maybe_dequant_cache left to vLLM") in log
+
+
+def test_only_the_chunked_gathers_under_vllm(vllm_dir):
+    got, log = _load(NVRTC_GATHER_VLLM_OPS="cp_gather,dequant_gather")
+    assert got["status"]["ops"] == ["cp_gather_cache", "gather_and_maybe_dequant_cache"], got
+    assert got["cp_gather"] and got["dequant_gather fp8"] and "gather" not in got and "mla_write" not in got, got
 
 
 def test_our_schemas_are_the_strings_in_vllms_compiled_library(vllm_dir):
