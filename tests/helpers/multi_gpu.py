@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 import nvrtc_gather as ng
-from helpers import mla_reference
+from helpers import cache_gather_reference, mla_reference
 from helpers.reference import make_gather_case, make_quant_case
 
 
@@ -77,6 +77,16 @@ def op_calls(seed: int) -> list[OpCall]:
         c = mla_reference.make_gather_case(rng, batch=rng.randint(1, 9), block_size=bs, seq_starts=seq)
         calls.append(OpCall(f"mla gather bs={bs} seq_starts={seq}", ng.cp_gather_and_upconvert_fp8_kv_cache,
                             c.args(), (1,)))
+    for conv, bs, seq in (("copy", 16, True), ("copy", 64, False), ("e4m3_bf16", 64, True), ("e5m2_f16", 1, False)):
+        lens = cache_gather_reference.ragged(rng, rng.randint(1, 40), rng.choice([3, 40, 200]))
+        c = cache_gather_reference.make_case(rng, lens=lens, block_size=bs, conversion=conv, seq_starts=seq,
+                                             extra_rows=rng.choice([0, 5]),
+                                             src_dtype=torch.bfloat16 if (conv, bs) == ("copy", 64) else torch.uint8)
+        if conv == "copy" and bs == 16:
+            calls.append(OpCall(f"cp_gather_cache bs={bs} seq_starts={seq}", ng.cp_gather_cache, c.cp_args(), (1,)))
+        else:
+            calls.append(OpCall(f"gather_and_maybe_dequant_cache {conv} bs={bs} seq_starts={seq}",
+                                ng.gather_and_maybe_dequant_cache, c.dequant_args(), (1,)))
     return calls
 
 
