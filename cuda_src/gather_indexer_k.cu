@@ -182,7 +182,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
 // column is below W (with one request: below 32) takes its entry from a lane, so its bytes
 // are two dependent DRAM round trips away instead of three.
 // Between those trips every instruction is latency, and each taken branch measured more
-// than straight-line arithmetic (benchmarks/NOTES.md, v13): the checks are folded into one
+// than straight-line arithmetic on the H200: the checks are folded into one
 // branch, and the division by block_size is the plain one (straight-line) rather than
 // FastDiv's shift-or-divide branch.
 template <int KVEC>

@@ -140,7 +140,7 @@ __device__ __forceinline__ void ng_block_scale(u32 amax_bits, float& scale, floa
 // (quotients down to 2^-126; below, every candidate converts to the same signed zero). The
 // residual 0 keeps q itself (an exact quotient, -0 included). An inf scale (rscale 0) leaves
 // q = x * 0, as x / inf; a NaN one gives NaN. Checked code for code against the IEEE quotient
-// for every bf16 and fp16 x of every block a bf16 or fp16 amax allows (benchmarks/NOTES.md v11).
+// for every bf16 and fp16 x of every block a bf16 or fp16 amax allows.
 __device__ __forceinline__ float ng_div_plain(float x, float rscale, float inv) {
     const float q = __fmul_rn(x, inv);
     const float e = ng_fma(-q, rscale, x);

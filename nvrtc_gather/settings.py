@@ -56,26 +56,41 @@ def flag(name: str) -> bool:
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """Where compiled kernels are kept: ``override`` (a CLI's --cache-dir), else
     $NVRTC_GATHER_CACHE_DIR, else the per-user XDG cache home (``$XDG_CACHE_HOME/nvrtc_gather``
-    or ``~/.cache/nvrtc_gather``). Always absolute (a relative value is taken from the current
-    directory now), so a later chdir cannot move the cache; symlinks are kept (the cache
-    judges their target). Raises CacheLocationError when a ``~`` cannot be expanded or this
-    user has no home directory (no $HOME and no passwd entry)."""
-    if override is not None:
+    or ``~/.cache/nvrtc_gather``). An empty ``override`` or variable counts as unset, alike for
+    the option and the variables; a relative $XDG_CACHE_HOME is ignored (the XDG spec's rule).
+    Always absolute (a relative value is taken from the current directory now), so a later
+    chdir cannot move the cache; symlinks are kept (the cache judges their target). Raises
+    CacheLocationError when a ``~`` cannot be expanded or this user has no home directory (a
+    $HOME that is not an absolute path, or no $HOME and no passwd entry)."""
+    if override is not None and os.fspath(override) != "":
         return Path(os.path.abspath(_expand(Path(override), "--cache-dir")))
     explicit = os.environ.get(CACHE_DIR_ENV)
     if explicit:
         return Path(os.path.abspath(_expand(Path(explicit), CACHE_DIR_ENV)))
     xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        base = _expand(Path(xdg), "XDG_CACHE_HOME")
-    else:
-        try:
-            base = Path.home() / ".cache"
-        except (RuntimeError, KeyError, OSError) as exc:
-            raise CacheLocationError(
-                f"no home directory to put the kernel cache in ({exc}; uid {os.getuid()} has no $HOME and no "
-                f"passwd entry); set {CACHE_DIR_ENV} to a private writable directory") from None
+    base = _expand(Path(xdg), "XDG_CACHE_HOME") if xdg else None
+    if base is None or not base.is_absolute():
+        base = _home() / ".cache"
     return Path(os.path.abspath(base / "nvrtc_gather"))
+
+
+def _home() -> Path:
+    """$HOME when it is an absolute path; without $HOME, this user's passwd entry."""
+    home = os.environ.get("HOME")
+    if home is not None:
+        if os.path.isabs(home):
+            return Path(home)
+        raise CacheLocationError(
+            f"HOME={home!r} is not an absolute path, so there is no home directory to put the kernel cache in; "
+            f"set HOME to one, or {CACHE_DIR_ENV} to a private writable directory")
+    import pwd
+
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        raise CacheLocationError(
+            f"no home directory to put the kernel cache in (uid {os.getuid()} has no $HOME and no passwd entry); "
+            f"set {CACHE_DIR_ENV} to a private writable directory") from None
 
 
 def _expand(path: Path, what: str) -> Path:

@@ -44,9 +44,26 @@ def _usage(out) -> None:
     out.write(f"  {'--version':<{width}}  print the version\n")
 
 
+def escape_unprintable_output() -> None:
+    """Print what the output encoding cannot hold (a cache path of undecodable bytes, kept as
+    surrogates; ``caché`` under PYTHONIOENCODING=ascii) as backslash escapes instead of raising
+    UnicodeEncodeError: every command prints paths it did not choose."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or detached stream: nothing to protect
+                pass
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    escape_unprintable_output()
     if argv and argv[0] == "--version":
+        if len(argv) > 1:
+            sys.stderr.write(f"nvrtc-gather: --version takes no arguments, got {' '.join(argv[1:])!r}\n")
+            return 2
         from .._version import __version__
         print(f"nvrtc-gather {__version__}")
         return 0
@@ -58,10 +75,10 @@ def main(argv=None) -> int:
         _usage(sys.stderr)
         return 2
     fn, _ = COMMANDS[argv[0]]
-    from ..errors import CacheLocationError, InvalidSettingError
+    from ..errors import CacheLocationError, InvalidSettingError, JitDisabledError
     try:
         return int(fn(argv[1:]) or 0)
-    except (InvalidSettingError, CacheLocationError) as exc:  # the environment, not a bug: say what to set
+    except (InvalidSettingError, CacheLocationError, JitDisabledError) as exc:  # the environment, not a bug: say what to set
         sys.stderr.write(f"nvrtc-gather {argv[0]}: error: {exc}\n")
         return 2
     except BrokenPipeError:  # `nvrtc-gather info | head`: the reader left; no traceback

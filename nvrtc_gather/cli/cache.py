@@ -192,8 +192,8 @@ def main(argv=None) -> int:
         "clear": sub.add_parser("clear", help="remove image files, locks and temp files"),
     }
     for sp in parsers.values():
-        sp.add_argument("--cache-dir", type=Path,
-                        help=f"cache directory (default: ${settings.CACHE_DIR_ENV} or the per-user cache)")
+        sp.add_argument("--cache-dir", type=str,  # (a str: Path("") would be ".")
+                        help=f"cache directory (default, or empty: ${settings.CACHE_DIR_ENV} or the per-user cache)")
     parsers["verify"].add_argument("--fix", action="store_true", help="delete bad image files (and their lock files)")
     parsers["verify"].add_argument(
         "--arch", nargs="+", metavar="ARCH",

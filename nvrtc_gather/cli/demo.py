@@ -4,6 +4,10 @@ With a GPU: the NVRTC kernel, checked bit-exact against the torch path, with its
 throughput. Without one: says so, runs the CPU (torch) path, checks it against a
 per-request loop, and still compiles the kernel for a named arch to show NVRTC works.
 
+Exit status: 0 when every check passed; 1 when one failed or NVRTC refused ``--arch``; 2 for
+a bad argument or setting. Without NVRTC, or with NVRTC_GATHER_DISABLE_JIT set, the compile
+step says so and is skipped (not a failure): the CPU path needs no NVRTC.
+
 The GPU branch (``run_on_gpu``) reaches torch.cuda only through ``CudaClock``, so the tests
 drive it without a GPU too (tests/cli/test_demo.py)."""
 from __future__ import annotations
@@ -11,18 +15,20 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import sys
 import time
 
 import torch
 
 from .._version import __version__
-from ..errors import MissingDependencyError
-from ..jit import build, compiler, driver
+from .. import settings
+from ..errors import CompileError, MissingDependencyError
+from ..jit import build, compiler, cuda_packages, driver
 from ..kernels import gather as gather_kernels
 from ..ops.gather import cp_gather_indexer_k_quant_cache, plan_gather
 from ..ops.gather_torch import gather_torch
 from ..ops.indexer_k_quant import indexer_k_quant_and_cache
-from .warmup import parse_arch, positive_int
+from .warmup import parse_arch, positive_int, spelled_arch
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
 CACHE_STRIDE = HEAD_DIM + 4 * HEAD_DIM // QBS
@@ -163,6 +169,29 @@ def run_on_cpu(tensors, lens) -> bool:
     return same
 
 
+def compile_step(arch: str, nvrtc: str | None, no_jit: bool) -> bool:
+    """Without a GPU: compile the gather kernel for ``arch`` to show NVRTC works. Says why
+    when it cannot (NVRTC missing, NVRTC_GATHER_DISABLE_JIT set: both not failures) and returns
+    False only when NVRTC refused the arch (a message, never a traceback)."""
+    if nvrtc is None:
+        print(f"compile step skipped: NVRTC is missing; the CPU path below needs none. To compile "
+              f"kernels, {cuda_packages.install_hint()}")
+        return True
+    if no_jit:
+        print(f"compile step skipped: {settings.DISABLE_JIT_ENV} is set, so nothing is compiled in this process")
+        return True
+    try:
+        target = parse_arch(arch)
+        t0 = time.perf_counter()
+        code = compiler.compile_module(gather_kernels.MODULES[16], target)
+    except (ValueError, CompileError) as exc:
+        print(f"error: NVRTC {nvrtc} could not compile for --arch {arch}: {exc}", file=sys.stderr)
+        return False
+    print(f"NVRTC {nvrtc}: compiled the gather kernel for {target.arch} without a GPU "
+          f"({len(code.image)} bytes of cubin in {(time.perf_counter() - t0) * 1e3:.0f} ms)")
+    return True
+
+
 def _bounded(most: int):
     """argparse type: an int in [1, most]."""
     def parse(text: str) -> int:
@@ -186,11 +215,10 @@ def main(argv=None, clock: CudaClock | None = None, device: str | None = None) -
         ap.error(f"--batch {args.batch} x --mean-len {args.mean_len} allows up to {most_tokens} tokens; the demo "
                  f"takes at most {MAX_TOKENS} (about {3 * CACHE_STRIDE * MAX_TOKENS / 1e9:.1f} GB of buffers)")
     try:
-        target = parse_arch(args.arch)
+        spelled_arch(args.arch)  # a misspelt --arch is an argument error, with or without NVRTC
     except ValueError as exc:
         ap.error(f"--arch: {exc}")
-    except MissingDependencyError:  # no NVRTC: said below, and the demo goes on without it
-        target = None
+    no_jit = settings.jit_disabled()  # a bad value raises InvalidSettingError: the CLI names the variable
     print(f"nvrtc_gather {__version__}, torch {torch.__version__}")
 
     try:
@@ -199,11 +227,9 @@ def main(argv=None, clock: CudaClock | None = None, device: str | None = None) -
         print(f"NVRTC: not available ({exc})")
         nvrtc = None
     gpu = clock is not None or gpu_available()
-    if nvrtc and not gpu:
-        t0 = time.perf_counter()
-        code = compiler.compile_module(gather_kernels.MODULES[16], target)
-        print(f"NVRTC {nvrtc}: compiled the gather kernel for {target.arch} without a GPU "
-              f"({len(code.image)} bytes of cubin in {(time.perf_counter() - t0) * 1e3:.0f} ms)")
+    compiled = True
+    if not gpu:
+        compiled = compile_step(args.arch, nvrtc, no_jit)
 
     device = device or ("cuda" if gpu else "cpu")
     tensors, lens = make_inputs(args.batch, args.mean_len, device)
@@ -219,7 +245,7 @@ def main(argv=None, clock: CudaClock | None = None, device: str | None = None) -
     cycle_ok = err < 0.05
     print(f"full cycle on {device} (bf16 K -> indexer_k_quant_and_cache -> gather -> dequantize): relative error "
           f"{err:.4f} against the input ({'within' if cycle_ok else 'OUTSIDE'} fp8-e4m3 tolerance, 0.05)")
-    return 0 if same and untouched and cycle_ok else 1
+    return 0 if same and untouched and cycle_ok and compiled else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import settings
 from ..errors import MissingDependencyError
@@ -162,13 +161,14 @@ def main(argv=None) -> int:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--arch", nargs="+", metavar="ARCH", help="archs to compile for: sm_90, 90, 9.0, compute_90 ...")
     which.add_argument("--all", action="store_true", help="every arch this NVRTC can compile for")
-    p.add_argument("--cache-dir", type=Path, help=f"cache directory (default: ${settings.CACHE_DIR_ENV} or the per-user cache)")
+    p.add_argument("--cache-dir", type=str,  # (a str: Path("") would be ".")
+                   help=f"cache directory (default, or empty: ${settings.CACHE_DIR_ENV} or the per-user cache)")
     p.add_argument("-j", "--jobs", type=positive_int, help="parallel compiles (default: CPU count)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
 
     out = sys.stdout
-    if args.cache_dir is None and not settings.disk_cache_enabled():
+    if not args.cache_dir and not settings.disk_cache_enabled():
         sys.stderr.write(f"error: the disk cache is disabled by {settings.DISABLE_CACHE_ENV}; "
                          "unset it, or pass --cache-dir\n")
         return 2

@@ -149,7 +149,8 @@ def _compile(module: KernelModule, target: compiler.Target, disk: cubin_cache.Di
     t0 = time.perf_counter()
     image = compiler.compile_module(module, target).image
     log.info("compiled %s for %s in %.0f ms (%s)", module.name, target.arch, (time.perf_counter() - t0) * 1e3,
-             f"cached in {disk.directory}" if disk is not None else "disk cache off: kept in memory")
+             f"cached in {disk.directory}" if disk is not None and disk.usable()
+             else f"kept in memory: {disk.problem}" if disk is not None else "disk cache off: kept in memory")
     return image
 
 

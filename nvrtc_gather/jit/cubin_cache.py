@@ -269,6 +269,8 @@ class DiskCache:
             st = self.directory.stat()
         except FileNotFoundError:
             return MISSING
+        except FileExistsError:  # mkdir(exist_ok=True) of a path that is a file (/dev/null)
+            return "it is not a directory"
         except OSError as exc:  # ENAMETOOLONG, EACCES on a parent, ELOOP, ...
             return f"cannot {'create' if create else 'check'} it: {exc.strerror or exc}"
         if not stat.S_ISDIR(st.st_mode):

@@ -8,7 +8,7 @@ from ..jit.spec import Entry, KernelModule, ParamStruct, register
 THREADS = 256
 # Tokens per lane of the vector kernels by shape (a block covers unroll * tokens_per_pass tokens,
 # all its loads issued at once). "small": calls of less than a wave (shape_for), where more,
-# smaller blocks start sooner (benchmarks/NOTES.md, v14).
+# smaller blocks start sooner (measured on an H200: see shape_for).
 SHAPES = {"": 4, "small": 2}
 SMALL_CALL_BLOCKS_PER_SM = 4  # blocks of 256 threads at 64 registers an SM holds: one wave
 PARAMS = ParamStruct("QuantParams", (
@@ -74,7 +74,7 @@ def shape_for(vec: int, num_tokens: int, tokens_per_pass_: int, sm_count: int) -
     """"small" when the usual shape's blocks would not fill one wave of the GPU (at
     SMALL_CALL_BLOCKS_PER_SM): twice as many blocks of half the tokens then finish sooner (on an
     H200, 1024 tokens: 5.1 against 5.3 µs; 16K: 7.0 against 7.2); from a wave on the usual shape
-    is as fast or faster (1M tokens: 106 against 113 µs; benchmarks/NOTES.md v14)."""
+    is as fast or faster (1M tokens: 106 against 113 µs)."""
     if vec and grid(vec, num_tokens, tokens_per_pass_, 0, 0) < SMALL_CALL_BLOCKS_PER_SM * sm_count:
         return "small"
     return ""

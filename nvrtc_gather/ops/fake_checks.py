@@ -38,3 +38,11 @@ def disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tensor], ro
         for r, rt in read.items():
             if rt.untyped_storage()._cdata == w_storage._cdata:
                 checks.disjoint({w: _span(wt, (rows or {}).get(w))}, {r: _span(rt, (rows or {}).get(r))})
+
+
+def check(writes: tuple, reads: tuple, args: dict, rows: dict[str, int] | None = None) -> None:
+    """``disjoint`` for an op's one list of what it writes and reads (the names its full checks
+    use too, so the two cannot drift): ``args`` maps each name to the traced tensor, or None
+    for one this call does not read (an optional argument, a scale the format ignores)."""
+    disjoint({n: args[n] for n in writes if args[n] is not None},
+             {n: args[n] for n in reads if args[n] is not None}, rows)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .. import settings
 from ..jit import driver
 from ..kernels import gather as spec
 from . import checks, fake_checks, fast_path, library, paged_layout
@@ -25,6 +26,9 @@ _SCALE_DTYPES = (torch.uint8, torch.float32)
 _U8, _I32 = torch.uint8, torch.int32
 _is_compiling = torch.compiler.is_compiling
 _NAMES = ("kv_cache", "dst_k", "dst_scale", "block_table", "cu_seq_lens")
+# What the op writes and reads, in _extents' order: the one list the full checks
+# (_check_disjoint), the fast path and the fake (gather_fake) take their names from.
+WRITES, READS = ("dst_k", "dst_scale"), ("kv_cache", "block_table", "cu_seq_lens")
 _SCALE_SHAPE = ("[num_tokens, 4 * head_dim // quant_block_size] (uint8) or "
                 "[num_tokens, head_dim // quant_block_size] (float32)")
 
@@ -208,10 +212,9 @@ def _extents(p: GatherPlan) -> tuple[int, int, int, int, int]:
 def _check_disjoint(p: GatherPlan, extents) -> None:
     """Raise ValueError if a written range (dst_k, dst_scale) overlaps a read one (kv_cache,
     block_table, cu_seq_lens). The op's fast path tests the same with plain comparisons."""
-    k_n, s_n, kv_n, bt_n, cu_n = extents
-    checks.disjoint({"dst_k": (p.k_ptr, p.k_ptr + k_n), "dst_scale": (p.s_ptr, p.s_ptr + s_n)},
-                    {"kv_cache": (p.kv_ptr, p.kv_ptr + kv_n), "block_table": (p.bt_ptr, p.bt_ptr + bt_n),
-                     "cu_seq_lens": (p.cu_ptr, p.cu_ptr + cu_n)})
+    spans = {n: (ptr, ptr + size) for n, ptr, size in
+             zip(WRITES + READS, (p.k_ptr, p.s_ptr, p.kv_ptr, p.bt_ptr, p.cu_ptr), extents)}
+    checks.disjoint({n: spans[n] for n in WRITES}, {n: spans[n] for n in READS})
 
 
 # -- launching ---------------------------------------------------------------------------------
@@ -289,8 +292,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     except AttributeError:  # not tensors: plan_gather says which
         key = layout = None
     if layout is not None:  # the fast path: only the pointer checks, then _run's launch
-        # Written inline, not as calls: each Python call is ~0.15 µs of a ~10 µs call
-        # (benchmarks/NOTES.md, v14).
+        # Written inline, not as calls: each Python call is ~0.15 µs of a ~10 µs call.
         kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
         bt_p, cu_p = block_table.data_ptr(), cu_seq_lens.data_ptr()
         k_n, s_n, kv_n, bt_n, cu_n = layout.extents
@@ -303,6 +305,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
             return
     plan = plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     if plan.device < 0:
+        settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         gather_torch(plan, kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
         return
     if plan.num_tokens == 0 or plan.batch == 0:
@@ -331,8 +334,8 @@ def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
     """The fake (meta) implementation: plan_gather's overlap check on the traced tensors'
     storages, where data pointers are not available (ops/fake_checks.py says why)."""
     if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
-        fake_checks.disjoint({"dst_k": dst_k, "dst_scale": dst_scale},
-                             {"kv_cache": kv_cache, "block_table": block_table, "cu_seq_lens": cu_seq_lens})
+        fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, dst_k=dst_k, dst_scale=dst_scale,
+                                              block_table=block_table, cu_seq_lens=cu_seq_lens))
 
 
 library.register("cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import settings
 from ..kernels import indexer_k_quant as spec
 from ..jit import driver
 from . import checks, fake_checks, fast_path, library, paged_layout
@@ -24,6 +25,9 @@ _K_DTYPES = tuple(TYPE_NAMES)
 _I64 = torch.int64
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = ("k", "slot_mapping", "kv_cache")
+# What the op writes and reads, in _extents' order: the one list the full checks (plan_quant),
+# the fast path and the fake (quant_fake) take their names from.
+WRITES, READS = ("kv_cache",), ("k", "slot_mapping")
 
 # scale_fmt -> ue8m0. Plain fp32 scales are spelled "fp8_e4m3", "fp8e4m3" (vllm-xpu-kernels'
 # tests), "" or None (what engines pass); anything else is a typo and rejected. vLLM's own op
@@ -97,7 +101,7 @@ def plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> QuantP
     if num_tokens:  # the kernel writes kv_cache while it reads k and slot_mapping
         extents = _extents(plan)
         if fast_path.overlapping(plan.kv_ptr, (plan.k_ptr, plan.slot_ptr), extents):
-            checks.disjoint_from("kv_cache", plan.kv_ptr, ("k", "slot_mapping"), (plan.k_ptr, plan.slot_ptr), extents)
+            checks.disjoint_from(WRITES[0], plan.kv_ptr, READS, (plan.k_ptr, plan.slot_ptr), extents)
     vec = spec.vector_width(plan.k_ptr | _low_bits(plan), esize, head_dim, qbs)
     return plan._replace(vec=vec, tokens_per_pass=spec.tokens_per_pass(vec, esize, head_dim),
                          sm_count=driver.sm_count(device) if device >= 0 else 0)
@@ -244,6 +248,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
             return
     plan = plan_quant(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
     if plan.device < 0:
+        settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         quant_torch(plan, k, kv_cache, slot_mapping)
         return
     if plan.num_tokens == 0:
@@ -273,7 +278,7 @@ def quant_fake(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
     storages (ops/fake_checks.py says why); only the rows of k that are read count."""
     num_tokens = slot_mapping.size(0)
     if num_tokens and k.dim() == 2 and num_tokens <= k.size(0):
-        fake_checks.disjoint({"kv_cache": kv_cache}, {"k": k, "slot_mapping": slot_mapping}, {"k": num_tokens})
+        fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, k=k, slot_mapping=slot_mapping), {"k": num_tokens})
 
 
 library.register("indexer_k_quant_and_cache(Tensor k, Tensor(a!) kv_cache, Tensor slot_mapping, "

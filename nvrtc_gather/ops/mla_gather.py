@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import settings
 from ..jit import driver
 from ..kernels import mla_cache as spec
 from . import checks, fake_checks, fast_path, library
@@ -21,6 +22,9 @@ _CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _I32 = torch.int32
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = ("src_cache", "dst", "block_table", "workspace_starts", "seq_starts")
+# What the op writes and reads, in _extents' order: the one list the full checks (plan_gather),
+# the fast path (_read_pointers) and the fake (gather_fake) take their names from.
+WRITES, READS = ("dst",), ("src_cache", "block_table", "workspace_starts", "seq_starts")
 DST_WIDTH = spec.NOPE + spec.ROPE  # 576 bf16 values per row
 
 
@@ -97,8 +101,7 @@ def plan_gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_s
     if num_rows and batch:  # something is written: no written byte may be one the op reads
         extents = _extents(plan)
         if fast_path.overlapping(plan.dst_ptr, _read_pointers(plan), extents):
-            checks.disjoint_from("dst", plan.dst_ptr, ("src_cache", "block_table", "workspace_starts", "seq_starts"),
-                                 _read_pointers(plan), extents)
+            checks.disjoint_from(WRITES[0], plan.dst_ptr, READS, _read_pointers(plan), extents)
     vec = spec.vector_width(_low_bits(plan) | plan.src_ptr | plan.dst_ptr)
     if plan.device < 0:
         return plan._replace(vec=vec)
@@ -248,6 +251,7 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
             return
     plan = plan_gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
     if plan.device < 0:
+        settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         gather_torch(plan, src_cache, dst, block_table, workspace_starts, seq_starts)
         return
     if plan.num_rows == 0 or plan.batch == 0:
@@ -275,13 +279,13 @@ def prepared(src_cache, dst, block_table, workspace_starts, batch_size, seq_star
 
 
 def gather_fake(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None) -> None:
-    """The fake (meta) implementation: plan_gather's overlap check on the traced tensors'
-    storages (ops/fake_checks.py says why)."""
+    """The fake (meta) implementation: plan_gather's overlap check (WRITES, READS) on the traced
+    tensors' storages (ops/fake_checks.py says why); of the per-request tensors only the first
+    batch_size rows count, as in the full checks."""
     if dst.size(0) and batch_size:
-        read = {"src_cache": src_cache, "block_table": block_table, "workspace_starts": workspace_starts}
-        if seq_starts is not None:
-            read["seq_starts"] = seq_starts
-        fake_checks.disjoint({"dst": dst}, read)
+        fake_checks.check(WRITES, READS, dict(dst=dst, src_cache=src_cache, block_table=block_table,
+                                              workspace_starts=workspace_starts, seq_starts=seq_starts),
+                          {"block_table": batch_size, "workspace_starts": batch_size, "seq_starts": batch_size})
 
 
 library.register("cp_gather_and_upconvert_fp8_kv_cache(Tensor src_cache, Tensor(a!) dst, Tensor block_table, "

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import settings
 from ..kernels import mla_cache as spec
 from . import checks, fake_checks, fast_path, library
 from .fast_path import Launch, LaunchConfig, LayoutMemo
@@ -20,6 +21,9 @@ _BYTE_CACHES = (torch.uint8, _FP8)
 TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # kv_c dtype -> the spec's name
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = ("kv_c", "k_pe", "slot_mapping", "scale", "kv_cache")
+# What the op writes and reads, in _extents' order: the one list the full checks (plan_write),
+# the fast path (_read_pointers) and the fake (write_fake) take their names from.
+WRITES, READS = ("kv_cache",), ("kv_c", "k_pe", "slot_mapping", "scale")
 
 # kv_cache_dtype -> format, as vLLM's op reads it ("fp8_e5m2" and the nvfp4 record are not
 # served: DeepSeek's caches are e4m3).
@@ -64,7 +68,7 @@ def plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_s
     fmt = _format(kv_cache_dtype)
     flags = _flags(fmt, skip_scale, ds_scale_rule)
     _check_types(kv_c, k_pe, kv_cache, slot_mapping, scale, fmt)
-    reads_scale = fmt == "fp8" and not flags & spec.SKIP_SCALE
+    reads_scale = _reads_scale(fmt, flags)
     named = {"kv_c": kv_c, "k_pe": k_pe, "kv_cache": kv_cache, "slot_mapping": slot_mapping}
     if reads_scale:
         named["scale"] = scale
@@ -102,10 +106,14 @@ def plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_s
     if num_tokens:
         extents = _extents(plan)
         if fast_path.overlapping(plan.kv_ptr, _read_pointers(plan), extents):
-            checks.disjoint_from("kv_cache", plan.kv_ptr, ("kv_c", "k_pe", "slot_mapping", "scale"),
-                                 _read_pointers(plan), extents)
+            checks.disjoint_from(WRITES[0], plan.kv_ptr, READS, _read_pointers(plan), extents)
     return plan._replace(vec=spec.vector_width(_low_bits(plan) | plan.kv_c_ptr | plan.k_pe_ptr | plan.kv_ptr)
                          if fmt == "ds" else 0)
+
+
+def _reads_scale(fmt: str, flags: int) -> bool:
+    """Whether the call reads scale[0]: the plain fp8 format, unless skip_scale."""
+    return fmt == "fp8" and not flags & spec.SKIP_SCALE
 
 
 def _format(kv_cache_dtype) -> str:
@@ -309,6 +317,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
             return
     plan = plan_write(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale, ds_scale_rule)
     if plan.device < 0:
+        settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         write_torch(plan, kv_c, k_pe, kv_cache, slot_mapping, scale)
         return
     if plan.num_tokens == 0:
@@ -334,12 +343,17 @@ def prepared(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_sca
 
 def write_fake(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False,
                ds_scale_rule="pow2") -> None:
-    """The fake (meta) implementation: plan_write's overlap check on the traced tensors'
-    storages (ops/fake_checks.py says why); only the rows that are read count."""
+    """The fake (meta) implementation: plan_write's overlap check (WRITES, READS) on the traced
+    tensors' storages (ops/fake_checks.py says why); only the rows that are read count, and
+    scale only where the format reads it. Arguments the full checks refuse are left to them."""
     n = slot_mapping.size(0)
-    if n and kv_c.dim() == 2 and k_pe.dim() == 2 and n <= kv_c.size(0) and n <= k_pe.size(0):
-        fake_checks.disjoint({"kv_cache": kv_cache}, {"kv_c": kv_c, "k_pe": k_pe, "slot_mapping": slot_mapping},
-                             {"kv_c": n, "k_pe": n})
+    fmt = FORMATS.get(kv_cache_dtype) if isinstance(kv_cache_dtype, str) else None
+    if not (n and fmt and isinstance(skip_scale, bool) and kv_c.dim() == 2 and k_pe.dim() == 2
+            and n <= kv_c.size(0) and n <= k_pe.size(0)):
+        return
+    reads_scale = _reads_scale(fmt, spec.SKIP_SCALE if skip_scale else 0) and scale.numel() > 0
+    fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping,
+                                          scale=scale if reads_scale else None), {"kv_c": n, "k_pe": n, "scale": 1})
 
 
 library.register("concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
