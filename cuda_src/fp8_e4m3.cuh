@@ -1,5 +1,8 @@
-// float32 -> fp8 e4m3fn, bit for bit torch's conversion (c10's fp8e4m3fn_from_fp32_value):
-// round to nearest even; finite overflow and inf saturate to +-448 (0x7e); NaN -> 0x7f | sign.
+// float32 -> fp8 e4m3fn as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), the
+// conversion vLLM's cache kernels use: round to nearest even; finite overflow and inf saturate
+// to +-448 (0x7e / 0xfe); every NaN -> 0x7f (cuda_fp8.hpp canonicalises a NaN, sign included,
+// before converting). Bit for bit torch's conversion (c10's fp8e4m3fn_from_fp32_value) for
+// every value below 464 in magnitude; torch gives 0x7f | sign for a NaN.
 //
 // ng_fp8e4m3_from_f32: integer code plus one IEEE float add, branch-free, so it runs on every
 // arch and the same text compiles on the host, where the tests check it against torch
@@ -7,11 +10,9 @@
 //
 // ng_fp8e4m3x2_from_f32: two values. On sm_89+ one hardware instruction,
 // cvt.rn.satfinite.e4m3x2.f32: round to nearest even, finite overflow and inf to +-448, the
-// same bytes as the integer code for every input but NaN, for which the PTX ISA promises a
-// NaN only (the sign may differ from the integer code's 0x7f | sign; the quant kernels feed
-// it only the GPU's canonical, positive NaN, and tests/gpu/test_quant_gpu.py checks the byte
-// where torch's is known). Elsewhere, or with NG_SOFT_FP8=1 (so the integer code can be run
-// and tested on any GPU), two calls of the integer code.
+// same bytes as the integer code (a NaN: 0x7f; tests/gpu/test_quant_gpu.py checks the byte).
+// Elsewhere, or with NG_SOFT_FP8=1 (so the integer code can be run and tested on any GPU),
+// two calls of the integer code.
 #pragma once
 
 #ifndef NG_SOFT_FP8
@@ -51,8 +52,8 @@ NG_FP8_FN unsigned int ng_fp8e4m3_from_f32(float f) {
     // are the result (0..8).
     const unsigned int s = ng_bits(ng_add_rn(ng_from_bits(a), 16384.0f)) - 0x46800000u;
     unsigned int r = a < 0x3c800000u ? s : n;
-    r = a > 0x7f800000u ? 0x7fu : r;  // NaN
-    return r | ((bits >> 24) & 0x80u);
+    r |= (bits >> 24) & 0x80u;
+    return a > 0x7f800000u ? 0x7fu : r;  // NaN, either sign
 }
 
 // lo in the low byte, hi in the next, the upper 16 bits zero.

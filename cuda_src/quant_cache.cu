@@ -31,9 +31,11 @@
 // Numerics are the torch path's (nvrtc_gather/ops/indexer_k_quant_torch.py), bit for bit: amax in fp32,
 // scale = max(amax, 1e-4f) / 448.0f correctly rounded, ue8m0 rounding up to a power of two
 // through the exponent bits, values = k / scale in fp32 (for a power-of-two scale k * 2^-e,
-// the same correctly rounded number), then torch's fp32 -> e4m3 conversion (fp8_e4m3.cuh).
-// The module is compiled with --fmad=false so no product is ever contracted. NaN in k: its
-// quant block gets a NaN scale and NaN values (payload and sign of NaNs are not kept).
+// the same correctly rounded number), then CUDA's satfinite fp32 -> e4m3 conversion, vLLM's
+// (fp8_e4m3.cuh): every NaN code 0x7f. The module is compiled with --fmad=false so no product
+// is ever contracted. +-inf in k: its quant block's scale is inf, its finite values +-0 and the
+// infs 0x7f (inf / inf), as vLLM writes. NaN in k: its quant block gets a NaN scale and 0x7f
+// values (vLLM's fmaxf leaves NaNs out of amax instead: only the NaNs are 0x7f there).
 // Slots < 0 are padding; slots >= num_slots are skipped, and reported in debug mode.
 // NG_SOFT_FP8=1 builds the integer fp8 encoder (sm_80/86's) for every arch, so that tests run
 // it on newer GPUs too (tests/helpers/builds.py).

@@ -11,19 +11,10 @@ import torch
 
 from ..kernels import mla_cache as spec
 from . import index_checks
+from .fp8_torch import fp8_codes
 
 _FLT_MIN = 1.17549435e-38
-_FP8_NAN = 0x7F      # the GPU's NaN code (its arithmetic makes only positive NaNs)
 _BF16_NAN = 0x7FFF   # the GPU's canonical bf16 NaN (cvt.rn.bf16x2.f32)
-
-
-def fp8_codes(q: torch.Tensor) -> torch.Tensor:
-    """fp32 -> fp8 e4m3 codes (uint8): nearest even, finite overflow saturating to +-448, NaN
-    -> 0x7f, as the kernels' conversion."""
-    # torch's conversion makes |q| >= 480 a NaN; the kernels' (cvt ... satfinite, vLLM's) give
-    # +-448: clamp first (NaN stays NaN through clamp).
-    codes = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
-    return torch.where(torch.isnan(q), torch.full_like(codes, _FP8_NAN), codes)
 
 
 def bf16_bits(x: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ def emulate_device_fp8(x: np.ndarray) -> np.ndarray:
         sub = (a.view(np.float32) + np.float32(16384.0)).view(np.uint32) - np.uint32(0x46800000)
         norm = (a + np.uint32(0xC407FFFF) + ((a >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)
     r = np.where(a > np.uint32(0x43E80000), big, np.where(a < np.uint32(0x3C800000), sub, norm))
-    return (r | sign).astype(np.uint8)
+    return np.where(a > np.uint32(0x7F800000), np.uint32(0x7F), r | sign).astype(np.uint8)
 
 
 def torch_fp8(x: np.ndarray) -> np.ndarray:
@@ -68,9 +68,11 @@ def encoder_inputs(random_count=1 << 20) -> np.ndarray:
 def _assert_same(got, want, x):
     """Equal to torch wherever torch versions agree; |x| >= 464 (including inf) saturates to
     ±448 (0x7e, 0xfe) as torch >= 2.13 does (older torch gives NaN there; scaled values
-    never get that far: they stay <= 448 by construction)."""
+    never get that far: they stay <= 448 by construction); every NaN is 0x7f, as CUDA's
+    __nv_cvt_float_to_fp8 (vLLM's conversion) gives it, where torch keeps the NaN's sign."""
     sat = ~np.isnan(x) & (np.abs(x) >= 464)
     want = np.where(sat, np.where(np.signbit(x), 0xFE, 0x7E), want).astype(want.dtype)
+    want = np.where(np.isnan(x), 0x7F, want).astype(want.dtype)
     bad = np.nonzero(got != want)[0]
     assert bad.size == 0, [(hex(int(x.view(np.uint32)[i])), float(x[i]), int(want[i]), int(got[i])) for i in bad[:8]]
 
@@ -362,3 +364,59 @@ def test_disjoint_views_of_one_buffer_are_accepted():
     call(a)
     call(b)
     assert torch.equal(a["kv_cache"], b["kv_cache"])
+
+
+# --- +-inf, NaN and overflow in k: the bytes vLLM's kernel writes (issue #26 item 5) ----------
+# vLLM's indexer_k_quant_and_cache_kernel (csrc/libtorch_stable/cache_kernels.cu @00eb0c87):
+# scale = fmaxf(amax, 1e-4) / 448 (ue8m0: exp2f(ceilf(log2f(scale)))), values
+# __nv_cvt_float_to_fp8(k / scale, __NV_SATFINITE, __NV_E4M3): an inf makes the block's scale
+# inf, its finite values +-0 (0x00 / 0x80) and the infs NaN, code 0x7f (never 0xff).
+
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_inf_in_k_writes_vllms_bytes(fmt, dtype):
+    k = torch.randn(4, 128, generator=torch.Generator().manual_seed(9)).to(DTYPES[dtype])
+    k[1, 3], k[1, 4], k[2, 70], k[3, 0], k[3, 1] = float("inf"), float("-inf"), float("-inf"), -2.0, float("inf")
+    kv = torch.full((1, 16, 136), 0xA5, dtype=torch.uint8)
+    ng.indexer_k_quant_and_cache(k, kv, torch.tensor([0, 1, 2, 3]), 64, fmt)
+    vals, scales = kv[0].view(-1)[:16 * 128].view(16, 128), kv[0].view(-1)[16 * 128:].view(16, 8)
+    inf_blocks = [(1, 0), (2, 1), (3, 0)]
+    for row, q in inf_blocks:
+        block, src = vals[row, 64 * q: 64 * q + 64], k[row, 64 * q: 64 * q + 64].float()
+        want = torch.where(torch.isinf(src), 0x7F, torch.where(torch.signbit(src), 0x80, 0x00)).to(torch.uint8)
+        assert torch.equal(block, want), (row, q, block.tolist())
+        assert scales[row, 4 * q: 4 * q + 4].view(torch.float32).item() == float("inf")
+    assert not bool((vals == 0xFF).any())
+    ref = torch.full_like(kv, 0xA5)  # the other blocks: as if the infs were not there
+    ng.indexer_k_quant_and_cache(k[0:1], ref, torch.tensor([0]), 64, fmt)
+    assert torch.equal(vals[0], ref[0].view(-1)[:128]) and torch.equal(scales[0], ref[0].view(-1)[16 * 128:][:8])
+
+
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+def test_nan_in_k_writes_0x7f_codes_and_the_gpus_nan_scale(fmt):
+    k = torch.randn(2, 128, generator=torch.Generator().manual_seed(10))
+    k[0, 5] = float("nan")
+    k[1, 100] = -float("nan")  # a negative NaN: x86 keeps its sign, the GPU does not
+    kv = torch.zeros(1, 16, 136, dtype=torch.uint8)
+    ng.indexer_k_quant_and_cache(k, kv, torch.tensor([3, 7]), 64, fmt)
+    vals = kv[0].view(-1)[:16 * 128].view(16, 128)
+    scales = kv[0].view(-1)[16 * 128:].view(16, 2, 4)
+    assert bool((vals[3, :64] == 0x7F).all()) and bool((vals[7, 64:] == 0x7F).all())
+    for row, q in ((3, 0), (7, 1)):
+        assert scales[row, q].view(torch.int32).item() == 0x7FFFFFFF
+    assert not bool((vals[3, 64:] == 0x7F).all()) and not bool((vals[7, :64] == 0x7F).all())
+
+
+def test_largest_values_saturate_nowhere_and_match_an_independent_reference():
+    """f32 k at FLT_MAX and fp16's largest: the scale keeps every quotient <= 448, so no code
+    saturates and the bytes are the reference's."""
+    k = torch.randn(2, 128, generator=torch.Generator().manual_seed(11))
+    k[0, :64] = 3.4028234e38
+    k[0, 64:] = -3.4028234e38
+    k[1, 7] = 65504.0
+    kv = torch.zeros(1, 16, 136, dtype=torch.uint8)
+    ng.indexer_k_quant_and_cache(k, kv, torch.tensor([0, 1]), 64, "fp8_e4m3")
+    vals = kv[0].view(-1)[:16 * 128].view(16, 128)
+    assert bool((vals[0, :64] == 0x7E).all()) and bool((vals[0, 64:] == 0xFE).all())
+    scale = (k[1, :64].abs().max() / torch.tensor(448.0))
+    assert vals[1, 7].item() == torch_fp8(np.array([65504.0 / scale.item()], dtype=np.float32))[0] == 0x7E
