@@ -134,3 +134,39 @@ def test_emulated_rounding_ties_zeros_and_subnormals(tmp_path_factory, dt, fmt):
     plan = indexer_k_quant.plan_quant(k, kv, slots, 32, fmt)
     launch(dll, *indexer_k_quant.launch_config(plan))
     assert torch.equal(kv, want)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+@pytest.mark.parametrize("offset", [0, 1], ids=["vector", "generic"])  # k one element off: the generic kernel
+def test_emulated_inf_nan_bytes_are_the_torch_paths(tmp_path_factory, dt, fmt, offset):
+    """+-inf, NaN of either sign and the largest finite values in k (issue #26 item 5): value bytes
+    equal the torch path's (NaN codes 0x7f, never 0xff: vLLM's __nv_cvt_float_to_fp8); scales
+    equal too, NaN scales up to the payload (the host's NaN arithmetic keeps payloads)."""
+    dll = emulator(tmp_path_factory)
+    dtype = DTYPES[dt]
+    big = torch.finfo(dtype).max
+    store = torch.randn(8 * 128 + offset, generator=torch.Generator().manual_seed(21)).to(dtype)
+    k = store[offset:].view(8, 128)
+    k[0, 3], k[0, 4] = float("inf"), float("-inf")
+    k[1, 70] = float("-inf")
+    k[2, 10] = float("nan")
+    k[3, 100] = -float("nan")
+    k[4, :64] = big
+    k[4, 64:] = -big
+    k[5, 0], k[5, 1] = big, float("inf")
+    slots = torch.randperm(4 * 16, generator=torch.Generator().manual_seed(2))[:8]
+    kv = torch.randint(0, 256, (4, 16, 128 + 4 * 2), dtype=torch.uint8)
+    want = kv.clone()
+    quant_torch(indexer_k_quant.plan_quant(k, want, slots, 64, fmt), k, want, slots)
+    plan = indexer_k_quant.plan_quant(k, kv, slots, 64, fmt)
+    assert (plan.vec == 0) == bool(offset)
+    launch(dll, *indexer_k_quant.launch_config(plan))
+    got_v, want_v = kv[:, :, :].reshape(4, -1)[:, :16 * 128], want.reshape(4, -1)[:, :16 * 128]
+    assert torch.equal(got_v, want_v), int((got_v != want_v).sum())
+    rows = (slots // 16, slots % 16)  # the written slots' two scales each
+    got_s = kv.reshape(4, -1)[:, 16 * 128:].contiguous().view(torch.float32).view(4, 16, 2)[rows]
+    want_s = want.reshape(4, -1)[:, 16 * 128:].contiguous().view(torch.float32).view(4, 16, 2)[rows]
+    assert torch.equal(torch.isnan(got_s), torch.isnan(want_s)) and int(torch.isnan(want_s).sum()) == 2
+    assert torch.equal(torch.nan_to_num(got_s, nan=1.5), torch.nan_to_num(want_s, nan=1.5))
+    assert not bool((want_v.view(4, 16, 128)[slots // 16, slots % 16] == 0xFF).any())
