@@ -225,6 +225,12 @@ def register(ops=None) -> tuple[str, ...]:
     ``"cp_gather"``, ``"dequant_gather"`` or their full names, an iterable or a comma-separated
     string; default all). Safe to call any number of times; returns the ops replaced in this
     process so far. Logs one line saying which."""
+    if ops is not None and not isinstance(ops, str):
+        names = list(ops) if hasattr(ops, "__iter__") else None
+        if names is None or not all(isinstance(o, str) for o in names):
+            raise TypeError(f"ops: expected op names (a str, or an iterable of str: gather, quant, mla_write, "
+                            f"mla_gather, cp_gather, dequant_gather), got {ops!r}")
+        ops = names
     wanted = activation.parse_ops(ops if isinstance(ops, str) else ",".join(ops), "ops") if ops is not None \
         else activation.ALL_OPS
     with _lock:

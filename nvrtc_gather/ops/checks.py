@@ -9,9 +9,16 @@ import torch
 INT32_MAX = 2**31 - 1
 
 
+def type_name(value) -> str:
+    """The type of ``value`` as a message names it: ``int`` for builtins, else with its module
+    (``numpy.bool``, not a bare ``bool`` that reads as Python's own)."""
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
 def tensor(name: str, t) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type_name(t)}")
     return t
 
 
@@ -78,6 +85,32 @@ def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int
 
 
 
+def rows_disjoint(a: int, a_width: int, b: int, b_width: int, row_stride: int, rows: int) -> bool:
+    """Whether ``rows`` rows of ``a_width`` bytes from ``a`` and of ``b_width`` bytes from ``b``,
+    both ``row_stride`` bytes apart, share no byte: columns of one buffer carved side by side
+    (``buf[:, :128]``, ``buf[:, 128:]``) are disjoint though their address spans overlap."""
+    if rows < 1 or a + (rows - 1) * row_stride + a_width <= b or b + (rows - 1) * row_stride + b_width <= a:
+        return True
+    if rows == 1 or row_stride < a_width + b_width:
+        return False
+    d = (b - a) % row_stride  # b's columns in a's row frame
+    return a_width <= d and d + b_width <= row_stride
+
+
+def written_apart(name_a: str, a: int, a_width: int, a_stride: int, name_b: str, b: int, b_width: int,
+                  b_stride: int, rows: int) -> None:
+    """Raise ValueError naming both when two outputs of ``rows`` rows each (widths and row
+    strides in bytes) share a byte: which write lands there would be unspecified. Different
+    row strides are judged by the rows' address spans."""
+    stride = a_stride if a_stride == b_stride else 0
+    if stride and rows_disjoint(a, a_width, b, b_width, stride, rows):
+        return
+    a_end, b_end = a + (rows - 1) * a_stride + a_width, b + (rows - 1) * b_stride + b_width
+    if rows and a < b_end and b < a_end:
+        raise ValueError(f"{name_a}: its memory overlaps {name_b} (bytes [{a:#x}, {a_end:#x}) and [{b:#x}, {b_end:#x})); "
+                         f"the op writes both, so they must not share a byte")
+
+
 def int_arg(name: str, value, tensors: bool = False) -> int:
     """An int argument. A bool is refused (torch would coerce it silently); a tensor only with
     ``tensors`` (an int tensor of one element counts, through __index__; reading a CUDA one
@@ -85,7 +118,7 @@ def int_arg(name: str, value, tensors: bool = False) -> int:
     if type(value) is int:
         return value
     is_tensor = isinstance(value, torch.Tensor)
-    what = f"a {value.dtype} tensor" if is_tensor else type(value).__name__
+    what = f"a {value.dtype} tensor" if is_tensor else type_name(value)
     if isinstance(value, bool) or not hasattr(value, "__index__") or (is_tensor and not tensors):
         raise TypeError(f"{name}: expected an int, got {what}")
     try:

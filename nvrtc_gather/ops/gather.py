@@ -215,6 +215,8 @@ def _check_disjoint(p: GatherPlan, extents) -> None:
     spans = {n: (ptr, ptr + size) for n, ptr, size in
              zip(WRITES + READS, (p.k_ptr, p.s_ptr, p.kv_ptr, p.bt_ptr, p.cu_ptr), extents)}
     checks.disjoint({n: spans[n] for n in WRITES}, {n: spans[n] for n in READS})
+    checks.written_apart("dst_k", p.k_ptr, p.head_dim, p.dst_k_row_stride,
+                         "dst_scale", p.s_ptr, 4 * p.scale_words, p.dst_scale_row_stride, p.num_tokens)
 
 
 # -- launching ---------------------------------------------------------------------------------
@@ -299,7 +301,8 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
         k_e, s_e, kv_e, bt_e, cu_e = k_p + k_n, s_p + s_n, kv_p + kv_n, bt_p + bt_n, cu_p + cu_n
         if not (kv_p | k_p | s_p) & 3 and not (  # aligned, and no written range overlaps a read one
                 (k_p < kv_e and kv_p < k_e) or (s_p < kv_e and kv_p < s_e) or (k_p < bt_e and bt_p < k_e) or
-                (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e)):
+                (s_p < bt_e and bt_p < s_e) or (k_p < cu_e and cu_p < k_e) or (s_p < cu_e and cu_p < s_e) or
+                (k_p < s_e and s_p < k_e)):  # dst_k and dst_scale apart (side by side: the full checks)
             vec = layout.widths[(kv_p | k_p) & 15]
             (layout.launchers.get(vec) or fast_path.bind(layout, vec))((kv_p, k_p, s_p, bt_p, cu_p))
             return
@@ -336,6 +339,12 @@ def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
     if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, dst_k=dst_k, dst_scale=dst_scale,
                                               block_table=block_table, cu_seq_lens=cu_seq_lens))
+        if dst_k.dim() == 2 and dst_scale.dim() == 2 and dst_k.untyped_storage()._cdata == \
+                dst_scale.untyped_storage()._cdata:
+            ke, se = dst_k.element_size(), dst_scale.element_size()
+            checks.written_apart("dst_k", dst_k.storage_offset() * ke, dst_k.size(1) * ke, dst_k.stride(0) * ke,
+                                 "dst_scale", dst_scale.storage_offset() * se, dst_scale.size(1) * se,
+                                 dst_scale.stride(0) * se, min(dst_k.size(0), dst_scale.size(0)))
 
 
 library.register("cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "

@@ -125,7 +125,7 @@ def _scale_fmt(scale_fmt) -> bool:
     except (KeyError, TypeError):
         if not isinstance(scale_fmt, str):
             raise TypeError(f"scale_fmt: expected a str (\"ue8m0\" or \"fp8_e4m3\"), got "
-                            f"{type(scale_fmt).__name__}") from None
+                            f"{checks.type_name(scale_fmt)}") from None
         raise ValueError(f"scale_fmt: expected \"ue8m0\" (power-of-two scales) or \"fp8_e4m3\" "
                          f"(plain fp32 scales; \"fp8e4m3\", \"\" and None mean the same), got {scale_fmt!r}") from None
 

@@ -118,7 +118,7 @@ def _reads_scale(fmt: str, flags: int) -> bool:
 
 def _format(kv_cache_dtype) -> str:
     if not isinstance(kv_cache_dtype, str):
-        raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
+        raise TypeError(f"kv_cache_dtype: expected a str, got {checks.type_name(kv_cache_dtype)}")
     try:
         return FORMATS[kv_cache_dtype]
     except KeyError:
@@ -128,7 +128,7 @@ def _format(kv_cache_dtype) -> str:
 
 def _flags(fmt: str, skip_scale, ds_scale_rule) -> int:
     if not isinstance(skip_scale, bool):
-        raise TypeError(f"skip_scale: expected a bool, got {type(skip_scale).__name__}")
+        raise TypeError(f"skip_scale: expected a bool, got {checks.type_name(skip_scale)}")
     if ds_scale_rule not in SCALE_RULES:
         raise ValueError(f"ds_scale_rule: expected \"pow2\" (tile scales rounded up to a power of two, vLLM's "
                          f"current rule) or \"plain\" (max(amax / 448, FLT_MIN), its older one), got {ds_scale_rule!r}")

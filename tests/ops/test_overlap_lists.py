@@ -116,3 +116,66 @@ def test_mla_gather_fake_refuses_each_read_tensor_inside_dst(name):
     with pytest.raises(Exception) as info:
         torch.compile(step, fullgraph=True, backend="aot_eager")(src, dst)
     assert f"dst: its memory overlaps {name}" in str(info.value), str(info.value)[:2000]
+
+
+def _gather_case():
+    kv = torch.randint(0, 256, (4, 16, 132), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    bt = torch.tensor([[2, 0]], dtype=torch.int32)
+    cu = torch.tensor([0, 20], dtype=torch.int32)
+    return kv, bt, cu
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_gather_outputs_sharing_bytes_are_refused(backend):
+    """dst_k and dst_scale overlapping each other: which write lands would be unspecified."""
+    torch._dynamo.reset()
+    kv, bt, cu = _gather_case()
+    buf = torch.full((20 * 128,), 0xA5, dtype=torch.uint8)
+
+    def step(kv, bt, cu, buf):
+        dst_k = buf.view(20, 128)
+        dst_s = buf[64: 64 + 20 * 4].view(20, 4)  # inside dst_k's rows 0-1
+        ng.cp_gather_indexer_k_quant_cache(kv, dst_k, dst_s, bt, cu)
+        return buf.sum()
+
+    fn = step if backend == "eager" else torch.compile(step, fullgraph=True, backend=backend)
+    with pytest.raises(Exception) as info:
+        fn(kv, bt, cu, buf)
+    assert "dst_k: its memory overlaps dst_scale" in str(info.value), str(info.value)[:2000]
+    assert bool((buf == 0xA5).all())
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_gather_outputs_side_by_side_in_one_buffer_are_accepted(backend):
+    """buf[:, :128] and buf[:, 128:] share no byte though their address spans overlap."""
+    torch._dynamo.reset()
+    kv, bt, cu = _gather_case()
+    buf = torch.full((20, 132), 0xA5, dtype=torch.uint8)
+
+    def step(kv, bt, cu, buf):
+        ng.cp_gather_indexer_k_quant_cache(kv, buf[:, :128], buf[:, 128:], bt, cu)
+        return buf.sum()
+
+    want_k, want_s = torch.empty(20, 128, dtype=torch.uint8), torch.empty(20, 4, dtype=torch.uint8)
+    ng.cp_gather_indexer_k_quant_cache(kv, want_k, want_s, bt, cu)
+    fn = step if backend == "eager" else torch.compile(step, fullgraph=True, backend=backend)
+    fn(kv, bt, cu, buf)
+    assert torch.equal(buf[:, :128], want_k) and torch.equal(buf[:, 128:], want_s)
+
+
+def test_rows_disjoint_against_a_byte_map():
+    """checks.rows_disjoint against marking every byte, over small layouts."""
+    from nvrtc_gather.ops.checks import rows_disjoint
+    for stride in range(1, 9):
+        for aw in range(1, 5):
+            for bw in range(1, 5):
+                for b in range(0, 24):
+                    for rows in (1, 2, 3):
+                        used = [0] * 64
+                        for i in range(rows):
+                            for c in range(aw):
+                                used[i * stride + c] |= 1
+                            for c in range(bw):
+                                used[b + i * stride + c] |= 2
+                        want = 3 not in used
+                        assert rows_disjoint(0, aw, b, bw, stride, rows) == want, (stride, aw, bw, b, rows)
