@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from .. import settings
 from ..jit import cubin_cache
-from .text import human_size, table
+from .text import help_text, human_size, table
 
 
 KeyFor = Optional[Callable[[str, str], Optional[str]]]
@@ -184,7 +184,7 @@ def _dir_note(disk: cubin_cache.DiskCache) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nvrtc-gather cache", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="nvrtc-gather cache", description=help_text(__doc__))
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,verify,clear}")
     parsers = {
         "list": sub.add_parser("list", help="list image files"),

@@ -28,6 +28,7 @@ from ..kernels import gather as gather_kernels
 from ..ops.gather import cp_gather_indexer_k_quant_cache, plan_gather
 from ..ops.gather_torch import gather_torch
 from ..ops.indexer_k_quant import indexer_k_quant_and_cache
+from .text import help_text
 from .warmup import parse_arch, positive_int, spelled_arch
 
 HEAD_DIM, QBS, BLOCK_SIZE = 128, 128, 64
@@ -204,7 +205,7 @@ def _bounded(most: int):
 
 def main(argv=None, clock: CudaClock | None = None, device: str | None = None) -> int:
     """``clock`` and ``device`` let tests run the GPU branch's code on CPU tensors."""
-    ap = argparse.ArgumentParser(prog="nvrtc-gather demo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="nvrtc-gather demo", description=help_text(__doc__, first_line_only=True))
     ap.add_argument("--batch", type=_bounded(MAX_BATCH), default=64, help=f"requests (default 64, at most {MAX_BATCH})")
     ap.add_argument("--mean-len", type=_bounded(MAX_MEAN_LEN), default=2048,
                     help=f"mean tokens per request (default 2048, at most {MAX_MEAN_LEN})")

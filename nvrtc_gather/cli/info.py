@@ -12,7 +12,7 @@ import sys
 from .. import settings
 from .._version import __version__, installed_version
 from ..jit import cuda_packages
-from .text import human_size
+from .text import help_text, human_size
 
 
 def _nvrtc(lines):
@@ -188,7 +188,7 @@ def collect() -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nvrtc-gather info", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="nvrtc-gather info", description=help_text(__doc__))
     p.add_argument("--json", action="store_true",
                    help='one JSON object: {"info": {label: value, ...}, "warnings": [...]}')
     args = p.parse_args(argv)

@@ -8,6 +8,13 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence, TextIO
 
 
+def help_text(doc: str, first_line_only: bool = False) -> str:
+    """A module docstring's first paragraph (or line) as --help shows it: plain text, without
+    the reStructuredText backquotes the docstring keeps for the API docs."""
+    head = doc.split("\n")[0] if first_line_only else doc.split("\n\n")[0]
+    return head.replace("``", "").replace("`", "")
+
+
 def human_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from .. import settings
 from ..errors import MissingDependencyError
 from ..jit import build, compiler, cubin_cache, spec
-from .text import Progress, collected_warnings, human_size, table
+from .text import Progress, collected_warnings, help_text, human_size, table
 
 _ARCH = re.compile(r"^(?:(sm|compute)_?(\d{2,3})([af]?)|(\d{1,2})\.(\d)([af]?)|(\d{2,3})([af]?))$")
 
@@ -157,7 +157,7 @@ def _targets(args, out) -> list[compiler.Target] | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nvrtc-gather warmup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="nvrtc-gather warmup", description=help_text(__doc__))
     which = p.add_mutually_exclusive_group()
     which.add_argument("--arch", nargs="+", metavar="ARCH", help="archs to compile for: sm_90, 90, 9.0, compute_90 ...")
     which.add_argument("--all", action="store_true", help="every arch this NVRTC can compile for")

@@ -73,6 +73,11 @@ def test_sdist_holds_what_the_tests_need(dists):
                  "tests/helpers/reference.py", "tests/helpers/cuda_host_emu.cpp", "scripts/setup.sh",
                  "docs/contract.md", "docs/architecture.md"):
         assert need in names, need
+    # every local file benchmarks/README.md shows or links (its chart, h200.png, among them)
+    shown = re.findall(r"\]\(([^)#:]+)\)", (ROOT / "benchmarks" / "README.md").read_text())
+    assert "h200.png" in shown
+    for rel in shown:
+        assert f"benchmarks/{rel}" in names, rel
 
 
 def test_installed_wheel_works_on_its_own(dists, tmp_path):

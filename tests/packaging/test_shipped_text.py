@@ -7,8 +7,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = [p for d in ("nvrtc_gather", "cuda_src") for p in sorted((ROOT / d).rglob("*"))
            if p.suffix in (".py", ".cu", ".cuh")]
-# "NOTES.md" anywhere, or a bare history version ("v11", "NOTES v14") in a comment or docstring.
-HISTORY = re.compile(r"NOTES\.md|\bNOTES\b|(?<![\w.])v1\d\b")
+# "NOTES.md" or "NOTES" anywhere, or a history version cited in parentheses ("(v14)", ", v13)").
+HISTORY = re.compile(r"NOTES\.md|\bNOTES\b|[(,;]\s*v\d{1,2}\)")
 
 
 def test_there_are_shipped_files_to_scan():
