@@ -78,7 +78,7 @@ def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int
     the tensors' address spans, so a strided view counts with its gaps."""
     for w, (w_lo, w_hi) in written.items():
         for r, (r_lo, r_hi) in read.items():
-            if w_lo < r_hi and r_lo < w_hi:
+            if w_lo < r_hi and r_lo < w_hi and w_lo < w_hi and r_lo < r_hi:  # an empty range touches nothing
                 raise ValueError(
                     f"{w}: its memory overlaps {r} (bytes [{w_lo:#x}, {w_hi:#x}) and [{r_lo:#x}, {r_hi:#x})); "
                     f"the op reads {r} while it writes {w}, so they must not share storage")

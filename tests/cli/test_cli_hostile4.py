@@ -170,3 +170,42 @@ def test_dev_null_as_the_cache_says_not_a_directory(caplog):
                           compiler.Target("sm_90"), disk=disk)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "cached in /dev/null" not in text and "it is not a directory" in text, text
+
+
+# -- the battery, rerun: every command against hostile locations and encodings ---------------
+
+def _hostile_settings(tmp_path):
+    raw = os.fsencode(str(tmp_path)) + b"/\xfe\xff"
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    long = str(tmp_path / ("x" * 300))
+    return {
+        "surrogate --cache-dir": ([os.fsdecode(raw)], {}),
+        "surrogate XDG": ([], {"XDG_CACHE_HOME": os.fsdecode(raw)}),
+        "file as cache": ([], {settings.CACHE_DIR_ENV: str(afile)}),
+        "fifo as cache": ([], {settings.CACHE_DIR_ENV: str(fifo)}),
+        "/dev/null": ([], {settings.CACHE_DIR_ENV: "/dev/null"}),
+        "name too long": ([], {settings.CACHE_DIR_ENV: long}),
+        "empty HOME": ([], {"HOME": "", "XDG_CACHE_HOME": ""}),
+        "~user HOME": ([], {"HOME": "~nosuchuser", "XDG_CACHE_HOME": ""}),
+        "newline path": ([], {settings.CACHE_DIR_ENV: str(tmp_path / "a\nb")}),
+    }
+
+
+@pytest.mark.parametrize("command,encoding", [(("cache", "list"), "ascii"), (("cache", "verify"), "utf-8:strict"),
+                                              (("cache", "clear"), "utf-8:strict"), (("info",), "ascii")],
+                         ids=lambda v: " ".join(v) if isinstance(v, tuple) else v)
+def test_battery_no_command_prints_a_traceback(command, encoding, tmp_path):
+    for name, (cache_dir, env) in _hostile_settings(tmp_path).items():
+        argv = list(command)
+        if cache_dir and command[0] == "cache":
+            argv += ["--cache-dir", *cache_dir]
+        elif cache_dir:
+            env = {settings.CACHE_DIR_ENV: cache_dir[0]}
+        r = _cli(*argv, env={"PYTHONIOENCODING": encoding, **env})
+        err = r.stderr.decode("utf-8", "replace")
+        assert "Traceback" not in err, (name, err[-3000:])
+        assert r.returncode in (0, 1, 2), (name, r.returncode, err[-2000:])
+        (r.stdout + r.stderr).decode("ascii" if encoding == "ascii" else "utf-8")  # printable as promised
