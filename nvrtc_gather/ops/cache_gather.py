@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import settings
 from ..jit import driver
 from ..kernels import cache_gather as spec
 from . import checks, fake_checks, fast_path, library
@@ -25,6 +26,10 @@ _FP8_SOURCES = {"e4m3": (torch.uint8, torch.float8_e4m3fn), "e5m2": (torch.uint8
 KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}  # vLLM's names -> fp8 format
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = spec.PARAMS.pointer_names
+# What both ops write and read, in _extents' order: the one list the full checks (plan_gather),
+# the fast path (_read_pointers) and the fakes (_fake_disjoint) take their names from.
+# token_to_seq is accepted and checked, never read (docs/contract.md §6).
+WRITES, READS, UNREAD = ("dst",), ("src_cache", "block_table", "cu_seq_lens", "seq_starts", "scale"), ("token_to_seq",)
 
 
 class CacheGatherPlan(NamedTuple):
@@ -163,8 +168,7 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
     if num_rows and batch:  # something may be written: no written byte may be one the op reads
         extents = _extents(plan)
         if fast_path.overlapping(plan.dst_ptr, _read_pointers(plan), extents):
-            checks.disjoint_from("dst", plan.dst_ptr, ("src_cache", "block_table", "cu_seq_lens", "seq_starts", "scale"),
-                                 _read_pointers(plan), extents)
+            checks.disjoint_from(WRITES[0], plan.dst_ptr, READS, _read_pointers(plan), extents)
     vec, svec = _width_table(plan)[_alignment(plan.src_ptr, plan.dst_ptr)]
     plan = plan._replace(vec=vec, svec=svec)
     if plan.device < 0:
@@ -288,6 +292,7 @@ def _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, s
     plan = plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
                        batch_name, rows_name)
     if plan.device < 0:
+        settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         gather_torch(plan, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale)
         return
     if plan.num_rows == 0 or plan.batch == 0:
@@ -300,7 +305,7 @@ def _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, s
 
 def _kv_cache_format(kv_cache_dtype) -> str | None:
     if not isinstance(kv_cache_dtype, str):
-        raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
+        raise TypeError(f"kv_cache_dtype: expected a str, got {checks.type_name(kv_cache_dtype)}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype: expected one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                          f"got {kv_cache_dtype!r}")
@@ -417,27 +422,26 @@ def plan_for(op: str, *args) -> CacheGatherPlan:
 
 # -- torch.ops.nvrtc_gather registration -------------------------------------------------------
 
-def _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, rows, scale, seq_starts) -> None:
-    """plan_gather's overlap check on the traced tensors' storages (ops/fake_checks.py says
-    why): dst's first ``rows`` rows against everything the op reads."""
-    if not rows or cu_seq_lens.shape[0] < 2:
+def _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch, rows, scale, seq_starts) -> None:
+    """plan_gather's overlap check (WRITES, READS) on the traced tensors' storages
+    (ops/fake_checks.py says why): dst's first ``rows`` rows against what the op reads, of the
+    per-request tensors the first ``batch`` requests' entries, as in the full checks."""
+    if not rows or not batch or cu_seq_lens.shape[0] < 2:
         return
-    read = {"src_cache": src_cache, "block_table": block_table, "cu_seq_lens": cu_seq_lens}
-    if seq_starts is not None:
-        read["seq_starts"] = seq_starts
-    if scale is not None:
-        read["scale"] = scale
-    fake_checks.disjoint({"dst": dst}, read, rows={"dst": rows})
+    fake_checks.check(WRITES, READS, dict(dst=dst, src_cache=src_cache, block_table=block_table,
+                                          cu_seq_lens=cu_seq_lens, seq_starts=seq_starts, scale=scale),
+                      {"dst": rows, "block_table": batch, "cu_seq_lens": batch + 1, "seq_starts": batch, "scale": 1})
 
 
 def cp_gather_cache_fake(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None) -> None:
-    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, dst.size(0) if batch_size else 0, None, seq_starts)
+    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch_size, dst.size(0), None, seq_starts)
 
 
 def gather_and_maybe_dequant_cache_fake(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
                                         kv_cache_dtype, scale, seq_starts=None) -> None:
     read_scale = scale if KV_CACHE_DTYPES.get(kv_cache_dtype) is not None else None
-    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, num_tokens, read_scale, seq_starts)
+    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, cu_seq_lens.shape[0] - 1, num_tokens, read_scale,
+                   seq_starts)
 
 
 library.register("cp_gather_cache(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor cu_seq_lens, "

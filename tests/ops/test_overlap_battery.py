@@ -109,3 +109,28 @@ def test_mla_gather_eager_and_fake_agree():
         return src, dst, bt, ws, batch, seq
 
     _agree(rng, build, mla_gather.plan_gather, mla_gather.gather_fake, min_hits=5)
+
+
+@pytest.mark.parametrize("op", ["cp_gather_cache", "gather_and_maybe_dequant_cache"])
+def test_chunked_gathers_eager_and_fake_agree(op):
+    from nvrtc_gather.ops import cache_gather
+    rng = random.Random(5)
+    buf = torch.zeros(1 << 15, dtype=torch.uint8)
+    fake = cache_gather.cp_gather_cache_fake if op == "cp_gather_cache" else \
+        cache_gather.gather_and_maybe_dequant_cache_fake
+
+    def build(rng):
+        batch, rows = rng.randint(1, 2), rng.randint(1, 3)
+        src = _view(buf, _offset(rng, 20000, 16), (2, 2, 64), torch.uint8)
+        dst = _view(buf, _offset(rng, 24000, 16), (rows, 64), torch.uint8 if op == "cp_gather_cache" else torch.bfloat16)
+        bt = _view(buf, _offset(rng, 30000, 4), (batch + rng.randint(0, 1), 2), torch.int32)
+        cu = _view(buf, _offset(rng, 30000, 4), (batch + 1,), torch.int32)
+        seq = _view(buf, _offset(rng, 30000, 4), (batch + rng.randint(0, 1),), torch.int32) \
+            if rng.random() < 0.5 else None
+        if op == "cp_gather_cache":
+            return src, dst, bt, cu, batch, seq
+        scale = _view(buf, _offset(rng, 30000, 4), (1,), torch.float32)
+        t2s = _view(buf, _offset(rng, 30000, 4), (rows,), torch.int32)
+        return src, dst, bt, cu, t2s, rows, "fp8", scale, seq
+
+    _agree(rng, build, lambda *a: cache_gather.plan_for(op, *a), fake, min_hits=5)
