@@ -22,7 +22,8 @@ As a vLLM plugin: the package declares the ``vllm.general_plugins`` entry point 
 (:func:`plugin`). vLLM calls it in every process (``vllm/plugins/__init__.py:
 load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces all six ops unless
 ``NVRTC_GATHER_VLLM=0`` (integrations/activation.py), and loads the kernels on each worker's GPU
-when the worker has set its device (integrations/vllm_worker.py).
+when the worker has set its device (integrations/vllm_worker.py). Its INFO line naming the ops
+appears once in each process's vLLM log, forked ones included (integrations/vllm_log.py).
 
 ``kv_cache_dtype`` (our ops call it ``scale_fmt``) means what it means to vLLM's kernel:
 ``"ue8m0"`` gives power-of-two fp32 scales, ``"mxfp8"`` power-of-two scales stored as four UE8M0
@@ -47,7 +48,7 @@ from ..ops.gather import gather_fake
 from ..ops.indexer_k_quant import quant_fake
 from ..ops.mla_gather import gather_fake as mla_gather_fake
 from ..ops.mla_write import FORMATS as MLA_FORMATS, write_fake as mla_write_fake
-from . import activation, mx_scales, vllm_worker
+from . import activation, mx_scales, vllm_log, vllm_worker
 
 NAMESPACE = "_C_cache_ops"
 PLUGIN_NAME = "nvrtc_gather"
@@ -271,10 +272,12 @@ def _register(names: list[str]) -> None:
         return
     _state["schemas"] = _state["schemas"] or ("nvrtc_gather" if own else "vllm")
     kept = [n for n in SCHEMAS if n not in _libraries]
-    logger().info("nvrtc_gather: torch.ops.%s.{%s} now run nvrtc_gather's kernels on CUDA tensors (%s)%s",
-                  NAMESPACE, ", ".join(served),
-                  "schemas defined here: vLLM's library is not loaded" if own else "overriding vLLM's kernels",
-                  f"; {', '.join(kept)} left to vLLM" if kept else "")
+    # once in this process and in each forked one, where vLLM's log shows it (integrations/vllm_log.py)
+    vllm_log.announce(logger, logging.INFO,
+                      "nvrtc_gather: torch.ops.%s.{%s} now run nvrtc_gather's kernels on CUDA tensors (%s)%s",
+                      NAMESPACE, ", ".join(served),
+                      "schemas defined here: vLLM's library is not loaded" if own else "overriding vLLM's kernels",
+                      f"; {', '.join(kept)} left to vLLM" if kept else "")
 
 
 def plugin() -> None:
@@ -289,7 +292,8 @@ def plugin() -> None:
     if off is not None:
         with _lock:
             _state["disabled_by"] = off
-        logger().info("nvrtc_gather: vLLM plugin loaded but off (%s); vLLM's own kernels run", off)
+        vllm_log.announce(logger, logging.INFO, "nvrtc_gather: vLLM plugin loaded but off (%s); vLLM's own kernels run",
+                          off)
         return
     ops = activation.vllm_ops()
     with _lock:

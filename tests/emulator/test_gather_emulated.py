@@ -15,6 +15,7 @@ import torch
 from nvrtc_gather.ops import gather
 from nvrtc_gather.kernels import gather as gather_kernels
 from helpers.host_emu import emu_launch, emulator
+from helpers.mxfp4_cache import make_mxfp4_case, ragged_lens
 from helpers.reference import (MALFORMED, SENTINEL, SINGLE_REQUEST_FAULTS, assert_only_rows_skipped,
                        assert_single_request_result, bad_block_id_case, break_indices, gather_reference,
                        make_gather_case, single_request_case, small_gather_case)
@@ -133,3 +134,20 @@ def test_every_entry_point(build, offset, vec, tpc, shape):
     run_kernel(dll, c, tpc)
     assert torch.equal(c.dst_k.view(torch.uint8), k_ref) and torch.equal(c.dst_scale.view(torch.uint8), s_ref)
     assert bool((store[:offset] == SENTINEL).all()) and bool((store[offset + c.dst_k.numel():] == SENTINEL).all())
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_vllms_mxfp4_indexer_cache(build, block_size):
+    """vLLM 0.33's MXFP4 layout (68-byte tokens: 64 packed bytes, then 4 ue8m0 bytes per block
+    row; tests/helpers/mxfp4_cache.py), byte-exact against each token's own record, poisoned
+    outputs, upper-bound rows untouched, several rows-per-block choices."""
+    name, dll = build
+    rng = random.Random(f"{name}-mxfp4-{block_size}")
+    for tpc in (None, 1, 8, 37):
+        case = make_mxfp4_case(rng, block_size=block_size, lens=ragged_lens(rng, block_size),
+                               extra_rows=rng.choice([0, 9]))
+        if tpc is not None:
+            tpc = max(tpc, -(-case.dst_k.size(0) // 40))
+        run_kernel(dll, case, tpc)
+        assert torch.equal(case.dst_k, case.want_k), f"{case.desc} tpc={tpc}"
+        assert torch.equal(case.dst_scale, case.want_scale), f"{case.desc} tpc={tpc}"

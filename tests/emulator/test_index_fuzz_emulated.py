@@ -41,6 +41,20 @@ def test_gather_index_fuzz(gather_emu, vec, shape, debug):
         check_gather(c, debug, outcome)
 
 
+MXFP4_ENTRIES = [(vec, shape) for vec, shape in GATHER_ENTRIES if shape != "wide"]  # wide needs rows > 16 KiB / 64 B
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("vec,shape", MXFP4_ENTRIES, ids=[gather_kernels.entry_name(*e) for e in MXFP4_ENTRIES])
+def test_gather_index_fuzz_on_vllms_mxfp4_cache(gather_emu, vec, shape, debug):
+    """The same hostile indices on vLLM's MXFP4 indexer cache layout (68-byte tokens, not a multiple of 16)."""
+    cases = [gather_case(f"gather-mxfp4-v{vec}{shape}-{kind}-{rep}", kind, vec, shape, mxfp4=True)
+             for rep in range(GATHER_REPEATS) for kind in GATHER_KINDS]
+    outcomes = run_isolated(gather_emu, [gather_launch(c, vec, shape, debug) for c in cases])
+    for c, outcome in zip(cases, outcomes):
+        check_gather(c, debug, outcome)
+
+
 def test_a_fault_is_a_clean_failure(gather_emu):
     """The harness itself: of three launches, the second's dst_k points at unmapped memory: its
     child dies, the first is checked, the failure names the second, pytest lives on."""

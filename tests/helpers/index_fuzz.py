@@ -230,16 +230,22 @@ def _gather_indices(rng, kind, T, bs):
     return cu, rng.randint(1, 6)
 
 
-def gather_case(seed: str, kind: str, vec: int, shape: str) -> GatherFuzz:
+def gather_case(seed: str, kind: str, vec: int, shape: str, mxfp4: bool = False) -> GatherFuzz:
+    """``mxfp4``: vLLM's MXFP4 indexer cache (tests/helpers/mxfp4_cache.py): 64 value bytes and one
+    4-byte scale word per token, 68-byte rows, blocks of 16 where the vector width needs aligned blocks."""
     rng = random.Random(seed)
-    if shape == "tiny":
+    if mxfp4:
+        hd, tpc = 64, (8 if shape == "tiny" else rng.choice([3, 5, 16, 37]))
+    elif shape == "tiny":
         hd, tpc = rng.choice([16, 64, 128]), 8
     elif shape == "wide":
         hd, tpc = rng.choice([(128, 256), (128, 130), (256, 100)])
     else:
         hd, tpc = rng.choice([16, 64, 128]), rng.choice([3, 5, 16, 37])
-    nq = rng.choice([q for q in (1, 2, 4) if hd % q == 0 and hd // q >= 4])
+    nq = 1 if mxfp4 else rng.choice([q for q in (1, 2, 4) if hd % q == 0 and hd // q >= 4])
     bs = rng.choice([1, 2, 3] if kind == "bad_ids" else [1, 2, 3, 16])
+    if mxfp4 and vec > 4:
+        bs = 16
     T = rng.randint(1, min(20, 4 * tpc))  # at most 4 blocks of 256 host threads
     cu, mb = _gather_indices(rng, kind, T, bs)
     batch = len(cu) - 1
@@ -261,6 +267,8 @@ def gather_case(seed: str, kind: str, vec: int, shape: str) -> GatherFuzz:
     a = Arena()
     gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
     cs = -(-(hd + 4 * nq) // 16) * 16 + rng.choice([0, 16])  # multiples of 16: the vector width is dst_k's choice
+    if mxfp4:
+        cs = hd + 4 * nq
     block_stride = bs * cs + rng.choice([0, 16])
     kv_bytes = a.alloc(nb * block_stride)
     kv_bytes.copy_(torch.randint(0, 256, kv_bytes.shape, dtype=torch.uint8, generator=gen))

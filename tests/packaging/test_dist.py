@@ -99,6 +99,17 @@ def test_installed_wheel_works_on_its_own(dists, tmp_path):
     assert r.stdout.strip().startswith("nvrtc-gather ")
 
 
+def test_the_readmes_wheel_install_line_resolves(dists):
+    """README "Installing": ``pip install "<wheel>[cu13]"`` (the wheel's path with the extra) resolves
+    against what is installed here (setup.sh installed torch and the cu13 extra's packages), with
+    no package index: pip would install the wheel and nothing else."""
+    wheel, _ = dists
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", f"{wheel}[cu13]"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(r"^Would install nvrtc[-_]gather-\S+$", r.stdout, re.M), r.stdout
+
+
 def test_an_old_setuptools_is_a_skip_reason_naming_the_cause(monkeypatch):
     """Where no package index is reachable (GPU images) and setuptools is older than the
     backend needs, the build tests skip and say why, instead of erroring."""
