@@ -32,4 +32,6 @@ def scatter_torch(plan, k, k_scale, kv_cache, slot_mapping) -> None:
 def scale_bytes(k_scale: torch.Tensor) -> torch.Tensor:
     """k_scale's rows as bytes, uint8 [rows, 4 * scale_words] (a view)."""
     two_d = k_scale.unsqueeze(1) if k_scale.dim() == 1 else k_scale
+    if two_d.size(1) == 1:  # a size-1 dimension's stride is arbitrary; the byte view needs 1
+        two_d = two_d.as_strided(two_d.shape, (two_d.stride(0), 1))
     return two_d.view(torch.uint8)

@@ -9,6 +9,7 @@ import pytest
 
 from nvrtc_gather.jit import sources
 from nvrtc_gather.kernels import gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
+from nvrtc_gather.kernels import indexer_k_scatter as scatter_kernels
 
 _BUILDS: dict = {}
 # kernel -> its family's modules: one emulator build holds every entry point of the family
@@ -19,6 +20,7 @@ KERNELS = {
     "mla_write": {**{("ds", k): m for k, m in mla_cache.DS_MODULES.items()},
                   **{("plain", k): m for k, m in mla_cache.PLAIN_MODULES.items()}},
     "mla_gather": {"gather": mla_cache.GATHER_MODULE},
+    "scatter": scatter_kernels.MODULES,
 }
 
 
