@@ -114,7 +114,6 @@ def test_registered_op_opcheck_and_compile():
     k, s, kv, slots = c.args()  # as bytes: opcheck's schema check does arithmetic torch lacks for fp8
     torch.library.opcheck(torch.ops.nvrtc_gather.indexer_k_scatter.default,
                           (k.view(torch.uint8), s, kv.view(torch.uint8), slots))
-    assert torch.equal(c.store, want)  # opcheck ran the op on these very tensors
     torch._dynamo.reset()
 
     def write(k, s, kv, slots):
