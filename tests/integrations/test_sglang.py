@@ -131,5 +131,5 @@ def test_set_index_k_scale_buffer_writes_the_layout_and_skips_padding():
     assert torch.equal(buf, want)
     with pytest.raises(TypeError, match="loc: expected dtype torch.int32 or torch.int64"):
         set_index_k_scale_buffer(buf, loc.float(), k, scale)
-    with pytest.raises(ValueError, match="buf: expected 64 \\* 132"):
+    with pytest.raises(ValueError, match="buf: expected 32 \\* 132 = 4224 bytes per page"):
         set_index_k_scale_buffer(buf, loc, k, scale, page_size=32)
