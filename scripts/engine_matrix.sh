@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The engine-version matrix: the SGLang adapter's tests against each real SGLang release (and
+# vLLM 0.33's real-package test), each in its own fresh environment; one summary line per
+# release, e.g. "engine sglang==0.5.23: 14 passed". Exit 1 if any row fails.
+#   SGLANG_RELEASES  the releases (default "0.5.15 0.5.20 0.5.23")
+#   MATRIX_DIR       where the environments go (default: a fresh temporary directory, removed after)
+# Each SGLang environment: scripts/setup.sh (CPU torch 2.13.0, this checkout editable), then
+# `pip install --no-deps sglang==X` plus what the accessor module's imports need on CPU
+# (SGLANG_IMPORT_DEPS below: its chain runs through sglang.srt.utils). Nothing is cached between
+# runs (pip --no-cache-dir). NVRTC_GATHER_REQUIRE_SGLANG=1 makes a missing or unimportable
+# SGLang a failure, not a skip; a release whose accessor moved fails with its name and the paths
+# tried (tests/integrations/test_sglang_real.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RELEASES=${SGLANG_RELEASES:-"0.5.15 0.5.20 0.5.23"}
+SGLANG_IMPORT_DEPS="numpy orjson psutil pybase64 requests urllib3 idna certifi charset-normalizer triton packaging
+  pillow starlette anyio sniffio msgspec pydantic pydantic-core typing-inspection annotated-types pyzmq tqdm ipython
+  traitlets pygments aiohttp multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist apache-tvm-ffi"
+if [ -n "${MATRIX_DIR:-}" ]; then WORK=$MATRIX_DIR; mkdir -p "$WORK"; else WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT; fi
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+summary=()
+status=0
+t_all=$(date +%s)
+
+row() {  # row NAME LOG SECONDS RC: the summary line of one pytest run
+    local counts
+    counts=$(grep -E '^[0-9]+ (passed|failed|skipped|error)|^=+ .*(passed|failed|error).* =+$|^[0-9]+ .* in [0-9.]+s' "$2" | tail -1 | sed -E 's/^=+ //; s/ =+$//; s/ in [0-9.]+s.*//')
+    summary+=("engine $1: ${counts:-no result} ($3 s)")
+    [ "$4" -eq 0 ] || status=1
+}
+
+for v in $RELEASES; do
+    t0=$(date +%s)
+    venv="$WORK/sglang-$v"
+    log="$WORK/sglang-$v.log"
+    if ! { VENV="$venv" bash scripts/setup.sh && "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" $SGLANG_IMPORT_DEPS; } > "$log" 2>&1; then
+        tail -20 "$log"
+        summary+=("engine sglang==$v: environment FAILED ($(( $(date +%s) - t0 )) s)")
+        status=1
+        continue
+    fi
+    NVRTC_GATHER_REQUIRE_SGLANG=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/integrations/test_sglang_real.py tests/integrations/test_sglang_hook.py tests/integrations/test_sglang.py \
+        > "$log.pytest" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || tail -40 "$log.pytest"
+    row "sglang==$v" "$log.pytest" "$(( $(date +%s) - t0 ))" $rc
+    rm -rf "$venv"
+done
+
+# vLLM 0.33: the real-package test in .venv-vllm (scripts/setup_vllm_env.sh; made here if absent).
+t0=$(date +%s)
+if [ -x .venv-vllm/bin/python ] || bash scripts/setup_vllm_env.sh > "$WORK/vllm-env.log" 2>&1; then
+    vllm=$(.venv-vllm/bin/python -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo "?")
+    NVRTC_GATHER_REQUIRE_VLLM_ENV=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_vllm_real.py \
+        > "$WORK/vllm.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || tail -40 "$WORK/vllm.log"
+    row "vllm==$vllm" "$WORK/vllm.log" "$(( $(date +%s) - t0 ))" $rc
+else
+    tail -20 "$WORK/vllm-env.log"
+    summary+=("engine vllm: environment FAILED")
+    status=1
+fi
+
+echo "engine matrix ($(( $(date +%s) - t_all )) s):"
+printf '  %s\n' "${summary[@]}"
+exit $status
