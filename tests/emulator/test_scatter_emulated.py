@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers.host_emu import emu_launch, emulator
-from helpers.index_fuzz import (I64_MAX, I64_MIN, Arena, Launch, first_difference, launch_problem, pack,
-                                run_isolated, same_view, span)
+from helpers.index_fuzz import (I64_MAX, I64_MIN, Arena, Launch, draw_slots, first_difference, launch_problem,
+                                one_token_per_row, pack, run_isolated, same_view, span)
 from helpers.scatter_cases import FP8, make_scatter_case, scatter_reference
 from nvrtc_gather.kernels import indexer_k_scatter as spec
 from nvrtc_gather.ops import indexer_k_scatter as op
@@ -93,21 +93,8 @@ def fuzz_case(seed: str, kind: str, vec: int):
         valid = [b + (t - b) % bs for b, t in zip(bases * bs, offs)]
     else:
         valid = rng.sample(range(num_slots), min(num_slots, T))
-    it = iter(valid)
-    slots = []
-    for _ in range(T):
-        if kind == "random":
-            slots.append(rng.randint(I64_MIN, I64_MAX))
-        elif kind == "extreme" or rng.random() < 0.35:
-            slots.append(rng.choice(pool))
-        else:
-            slots.append(next(it, -1))
-    seen = set()  # two rows for one cache row land in unspecified order: keep one
-    for i, s in enumerate(slots):
-        if 0 <= s < num_slots:
-            row = s % bs if alias else s
-            slots[i] = -1 if row in seen else s
-            seen.add(row)
+    slots = draw_slots(rng, kind, T, pool, valid)
+    one_token_per_row(slots, num_slots, bs if alias else None)
     a = Arena()
     gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
     k_off = {16: 0, 8: 8, 4: 4}[vec]
