@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-import importlib.util
 import inspect
 import logging
 import sys
@@ -128,7 +127,7 @@ def _release() -> str | None:
 
 def _find_accessor():
     """(name, module) of the newest accessor module importable here, or ImportError."""
-    tried = []
+    tried, no_package = [], True
     for name, introduced in ACCESSORS:
         try:
             return name, importlib.import_module(name)
@@ -136,6 +135,7 @@ def _find_accessor():
             missing = e.name or ""
             if missing and (name == missing or name.startswith(missing + ".")):
                 tried.append(f"{name} (since {introduced})")  # this path is not in this SGLang
+                no_package = no_package and missing == "sglang"
                 continue
             raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} "
                               f"has {name}, but importing it failed: {e}") from e
@@ -143,9 +143,9 @@ def _find_accessor():
             raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} "
                               f"has {name}, but importing it failed: {type(e).__name__}: {e}") from e
     release = _release()
-    if release is None and importlib.util.find_spec("sglang") is None:
-        raise ImportError("nvrtc_gather.integrations.sglang.register(): SGLang is not installed here "
-                          f"(looked for {', '.join(tried)})")
+    if no_package:
+        raise ImportError("nvrtc_gather.integrations.sglang.register(): SGLang is not installed here (the package "
+                          f"sglang does not import; looked for {', '.join(tried)})")
     raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {release or '(no version)'} has none of "
                       f"the index-K accessor modules nvrtc_gather knows: tried {', '.join(tried)}. Its layout may "
                       "have moved again: nothing was hooked")

@@ -74,8 +74,17 @@ def test_register_hooks_the_newest_accessor_of_each_release(standin, i):
     assert st["hooked"] == {"GetKAndS.execute": name, "SetKAndS.execute": name}
 
 
+class _NoSGLang:
+    """A meta-path finder for which no sglang exists (also where a real one is installed)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "sglang" or name.startswith("sglang."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
 def test_register_without_sglang_says_so(standin, monkeypatch):
-    monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang -> ImportError
+    monkeypatch.setattr(sys, "meta_path", [_NoSGLang()] + sys.meta_path)
     with pytest.raises(ImportError, match="SGLang is not installed here .*dsa_index_k_cache.*nsa.index_buf_accessor"):
         hook.register()
 
