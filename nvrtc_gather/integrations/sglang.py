@@ -27,8 +27,10 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import logging
+import os
 import sys
 import threading
 
@@ -126,29 +128,38 @@ def _release() -> str | None:
 
 
 def _find_accessor():
-    """(name, module) of the newest accessor module importable here, or ImportError."""
-    tried, no_package = [], True
+    """(name, module) of the newest accessor module this SGLang has, or ImportError. Which
+    modules the release has is read from its files, without importing anything, so that an
+    import that fails (a missing dependency, anywhere in SGLang's import chain) is reported as
+    itself rather than as a module that is not there."""
+    try:
+        top = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        top = None
+    if top is None or not top.submodule_search_locations:
+        raise ImportError("nvrtc_gather.integrations.sglang.register(): SGLang is not installed here (no package "
+                          f"sglang; looked for {', '.join(MODULES)})")
+    tried = []
     for name, introduced in ACCESSORS:
+        if not _has_module(top.submodule_search_locations, name):
+            tried.append(f"{name} (since {introduced})")
+            continue
         try:
             return name, importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            missing = e.name or ""
-            if missing and (name == missing or name.startswith(missing + ".")):
-                tried.append(f"{name} (since {introduced})")  # this path is not in this SGLang
-                no_package = no_package and missing == "sglang"
-                continue
+        except Exception as e:  # noqa: BLE001  any import-time failure: say which, keep the cause
+            cause = str(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {e}"
             raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} "
-                              f"has {name}, but importing it failed: {e}") from e
-        except Exception as e:  # noqa: BLE001  an import-time failure inside SGLang: say so, keep the cause
-            raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} "
-                              f"has {name}, but importing it failed: {type(e).__name__}: {e}") from e
-    release = _release()
-    if no_package:
-        raise ImportError("nvrtc_gather.integrations.sglang.register(): SGLang is not installed here (the package "
-                          f"sglang does not import; looked for {', '.join(tried)})")
-    raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {release or '(no version)'} has none of "
-                      f"the index-K accessor modules nvrtc_gather knows: tried {', '.join(tried)}. Its layout may "
+                              f"has {name}, but importing it failed: {cause}") from e
+    raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} has none "
+                      f"of the index-K accessor modules nvrtc_gather knows: tried {', '.join(tried)}. Its layout may "
                       "have moved again: nothing was hooked")
+
+
+def _has_module(roots, name: str) -> bool:
+    """Whether ``name`` (``sglang.a.b``) is a file or package under the package's ``roots``."""
+    parts = name.split(".")[1:]
+    return any(os.path.isfile(os.path.join(root, *parts) + ".py") or
+               os.path.isfile(os.path.join(root, *parts, "__init__.py")) for root in roots)
 
 
 def _patch(cls, make) -> None:

@@ -66,7 +66,6 @@ def _call_sites(root: str):
     """(file, line, call) of every ``<module>.GetKAndS.execute(...)`` / ``SetKAndS`` call in the
     installed package whose <module> is an accessor module imported under some name."""
     found = []
-    accessor_leaves = {name.rsplit(".", 1)[1] for name in hook.MODULES}
     for dirpath, _, files in os.walk(root):
         for f in files:
             if not f.endswith(".py"):
@@ -78,9 +77,9 @@ def _call_sites(root: str):
             tree = ast.parse(text)
             aliases = set()
             for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom):
+                if isinstance(node, ast.ImportFrom) and node.module:
                     for a in node.names:
-                        if a.name in accessor_leaves:
+                        if f"{node.module}.{a.name}" in hook.MODULES:  # not DeepSeek-V4's own accessor
                             aliases.add(a.asname or a.name)
             for node in ast.walk(tree):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "execute" \
