@@ -43,6 +43,7 @@
 #include "fp8_e4m3.cuh"
 #include "half_bits.cuh"
 #include "scale_math.cuh"
+#include "slot_split.cuh"
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 __device__ __forceinline__ u32 ng_vmaxu2(u32 a, u32 b) { return __vmaxu2(a, b); }
@@ -159,22 +160,6 @@ __device__ __forceinline__ void ng_block_scale(u32 amax_bits, int ue8m0, float& 
 
 __device__ __forceinline__ float ng_scaled(float x, float scale, float inv, int ue8m0) {
     return ue8m0 ? __fmul_rn(x, inv) : __fdiv_rn(x, scale);
-}
-
-// Cache block and row of a slot in [0, num_slots): shift and mask for power-of-two block
-// sizes, 32-bit division for other slots below 2^31, 64-bit division beyond. off < block_size.
-__device__ __forceinline__ void ng_split_slot(i64 s, const FastDiv& block_size, i64& blk, int& off) {
-    if (block_size.shift >= 0) {
-        blk = (i64)((u64)s >> block_size.shift);
-        off = (int)s & (block_size.d - 1);
-    } else if (s <= 0x7fffffffll) {
-        const int b = (int)s / block_size.d;
-        blk = b;
-        off = (int)s - b * block_size.d;
-    } else {
-        blk = s / block_size.d;
-        off = (int)(s - blk * block_size.d);
-    }
 }
 
 // Stores of 4, 8 and 16 bytes. Inline PTX for the vector ones on the GPU: written as C, the

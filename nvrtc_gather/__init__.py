@@ -4,6 +4,7 @@ compiled at first use by NVRTC.
 Public API:
     cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
+    indexer_k_scatter(k, k_scale, kv_cache, slot_mapping)   already-quantized rows into the cache (SGLang's SetKAndS)
     concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False,
                          ds_scale_rule="pow2")
     cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, workspace_starts, batch_size,
@@ -22,6 +23,7 @@ from .jit.runtime import preload
 from .ops.cache_gather import cp_gather_cache, gather_and_maybe_dequant_cache
 from .ops.gather import cp_gather_indexer_k_quant_cache  # importing an op registers torch.ops.nvrtc_gather.*
 from .ops.indexer_k_quant import indexer_k_quant_and_cache
+from .ops.indexer_k_scatter import indexer_k_scatter
 from .ops.mla_gather import cp_gather_and_upconvert_fp8_kv_cache
 from .ops.mla_write import concat_and_cache_mla
 
@@ -33,6 +35,7 @@ __all__ = [
     "__version__",
     "cp_gather_indexer_k_quant_cache",
     "indexer_k_quant_and_cache",
+    "indexer_k_scatter",
     "concat_and_cache_mla",
     "cp_gather_and_upconvert_fp8_kv_cache",
     "cp_gather_cache",

@@ -16,10 +16,17 @@
 # Logs and results go to $OUT (the device tool's output folder) or ./out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+status=0
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# Wheels carried in .whl/ (the device has no package index): SGLang for its GPU tests
+# (tests/gpu/test_sglang_triton_gpu.py), which must then run rather than skip.
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ng-site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/ng-site || status=1
+  ls .whl/sglang-*.whl > /dev/null 2>&1 && export NVRTC_GATHER_REQUIRE_SGLANG=1
+fi
 stages=${*:-tests cli memcheck bench}
-status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| cuda-bindings', m.version('cuda-bindings'), '| nvidia-cuda-nvrtc', m.version('nvidia-cuda-nvrtc'))"
 for stage in $stages; do

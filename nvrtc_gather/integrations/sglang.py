@@ -1,103 +1,261 @@
-"""SGLang's DSA/NSA indexer cache read through nvrtc_gather's gather.
+"""SGLang's DSA/NSA indexer cache read and written through nvrtc_gather's kernels.
 
 SGLang's pool (``DSATokenToKVPool``, formerly ``NSATokenToKVPool``) keeps each layer's indexer
 keys in one uint8 buffer ``[num_pages, page_size * (index_head_dim + 4 * nq)]``: per page,
 ``page_size * index_head_dim`` fp8 bytes then ``page_size`` fp32 scales (``nq`` per token), the
-paged layout of docs/contract.md §1 with ``block_size = page_size``. Its
-``get_index_k_scale_buffer(layer_id, seq_len_tensor, page_indices, seq_len_sum, max_seq_len)``
-picks the layer's buffer and calls ``GetKAndS.execute(pool, buf, page_indices=...,
-seq_len_tensor=..., seq_len_sum=..., max_seq_len=...)`` in ``index_buf_accessor.py``
-(``sglang/srt/layers/attention/dsa/``, ``.../nsa/`` before the rename), which returns every
-request's keys packed by request: ``(k uint8 [seq_len_sum, index_head_dim], scales uint8
-[seq_len_sum, 4 * nq])``.
+paged layout of docs/contract.md §1 with ``block_size = page_size``. The pool reads it with
+``GetKAndS.execute(pool, buf, page_indices=..., seq_len_tensor=..., seq_len_sum=...,
+max_seq_len=...)`` (every request's keys packed by request: ``(k uint8 [seq_len_sum,
+index_head_dim], scales uint8 [seq_len_sum, 4 * nq])``) and writes it with
+``SetKAndS.execute(pool=..., buf=..., loc=..., index_k=..., index_k_scale=...)`` (already
+quantized fp8 keys and fp32 scales, one token per ``loc`` entry).
 
-:func:`register` replaces that ``execute`` in whichever of the two modules SGLang has: a uint8
-(fp8) buffer goes to :func:`get_index_k_scale_buffer` (one gather launch, no host sync), anything
-else (a bf16 index cache, a ROCm build, SGLang's older single-request call) to SGLang's own
-``execute``. The pool method itself is untouched, so its layer-id translation (subclasses), its
-layer-transfer waits and its bf16 branch still run as SGLang wrote them."""
+The accessor module moved between releases (``ACCESSORS``, newest first; read in each release's
+wheel). :func:`register` finds the newest one this SGLang has and replaces both ``execute``
+methods there (older paths are re-export shims of the same classes): a uint8 buffer in the
+paged layout goes to :func:`get_index_k_scale_buffer` (one gather launch, no host sync) and to
+:func:`set_index_k_scale_buffer` (one scatter launch); everything else stays with SGLang's own
+``execute`` and is said once in the log and in :func:`status`: a bf16 index cache, ROCm (its
+fnuz fp8, and aiter's "preshuffle" page layout, with which nothing is hooked at all), a page
+layout we do not recognise, SGLang's older single-request call. The pool methods themselves
+are untouched, so their layer-id translation, layer-transfer waits and bf16 branch still run
+as SGLang wrote them. The page size is read as each release reads it: ``pool.index_page_size``
+where the pool has it (0.5.23: ``page_size // index_kpool``, divided again under decode
+context parallelism), else ``pool.page_size``."""
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
+import importlib.util
+import inspect
 import logging
+import os
 import sys
+import threading
 
 import torch
 
-from .. import cp_gather_indexer_k_quant_cache
+from .. import cp_gather_indexer_k_quant_cache, indexer_k_scatter
 from .. import settings
 from ..kernels import gather as gather_kernels
 from ..ops import checks
 
 log = logging.getLogger(__name__)
 
-MODULES = ("sglang.srt.layers.attention.dsa.index_buf_accessor",  # current SGLang
-           "sglang.srt.layers.attention.nsa.index_buf_accessor")  # before the NSA -> DSA rename
+# Where SGLang keeps GetKAndS / SetKAndS, newest first: (module, the release that introduced it).
+# Later releases keep the older paths as deprecated re-exports of the same classes.
+ACCESSORS = (
+    ("sglang.kernels.ops.kvcache.dsa_index_k_cache", "0.5.23"),
+    ("sglang.kernels.ops.attention.dsa.index_buf_accessor", "0.5.20"),
+    ("sglang.srt.layers.attention.dsa.index_buf_accessor", "0.5.15"),
+    ("sglang.srt.layers.attention.nsa.index_buf_accessor", "0.5.10"),
+)
+MODULES = tuple(name for name, _ in ACCESSORS)
 QUANT_BLOCK_SIZE = 128  # SGLang's indexer: one fp32 scale per 128 fp8 values
 _INT32_MIN = -2**31
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_K_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 _TAG = "_nvrtc_gather_original"
+_CLASSES = ("GetKAndS", "SetKAndS")
+
+_lock = threading.Lock()
+_state = {"module": None, "hooked": {}, "left": {}}  # what status() reports
 
 
 def register() -> tuple[str, ...]:
-    """Route SGLang's ``GetKAndS.execute`` to nvrtc_gather for fp8 (uint8) index buffers, in
-    every accessor module SGLang has; returns their names. Idempotent. Raises
-    ModuleNotFoundError when SGLang has neither module."""
-    patched = []
-    for name in MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        _patch(module.GetKAndS)
-        patched.append(name)
-    if not patched:
-        raise ModuleNotFoundError(f"nvrtc_gather.integrations.sglang.register(): SGLang's index buffer accessor is "
-                                  f"not importable here (looked for {' and '.join(MODULES)})")
-    log.info("nvrtc_gather: SGLang's GetKAndS.execute (%s) now runs nvrtc_gather's gather for fp8 index buffers",
-             ", ".join(patched))
-    return tuple(patched)
+    """Route SGLang's ``GetKAndS.execute`` and ``SetKAndS.execute`` to nvrtc_gather for fp8
+    (uint8) index buffers in the paged layout, in the newest accessor module this SGLang has;
+    returns its name (an empty tuple when SGLang's own aiter "preshuffle" layout is in use:
+    nothing is hooked then, and status() says so). Idempotent.
+
+    Raises ImportError naming the cause: SGLang not installed; SGLang installed but the
+    accessor module failing to import (a missing dependency: the original error is chained);
+    or no known accessor module in this release (the message names the release and every
+    path tried)."""
+    name, module = _find_accessor()
+    with _lock:
+        _state["module"] = name
+        if getattr(module, "_use_aiter_preshuffle", False):
+            _leave("GetKAndS.execute", "aiter preshuffle", f"{name} uses aiter's preshuffled page layout (ROCm)")
+            _leave("SetKAndS.execute", "aiter preshuffle", f"{name} uses aiter's preshuffled page layout (ROCm)")
+            return ()
+        hooked = []
+        for cls_name, make in (("GetKAndS", _get_hook), ("SetKAndS", _set_hook)):
+            cls = getattr(module, cls_name, None)
+            if cls is None:
+                _leave(f"{cls_name}.execute", "absent", f"{name} has no {cls_name}")
+                continue
+            _patch(cls, make)
+            hooked.append(cls_name)
+            _state["hooked"][f"{cls_name}.execute"] = name
+    log.info("nvrtc_gather: SGLang %s: %s in %s now run nvrtc_gather's kernels for fp8 index buffers "
+             "(status() says what stays with SGLang)", _release(), " and ".join(f"{c}.execute" for c in hooked), name)
+    return (name,)
 
 
 def unregister() -> None:
-    """Give SGLang its own ``GetKAndS.execute`` back, in every module :func:`register` patched."""
+    """Give SGLang its own ``execute`` methods back, wherever :func:`register` patched them."""
     for name in MODULES:
         module = sys.modules.get(name)
-        cls = getattr(module, "GetKAndS", None)
-        original = cls.__dict__.get(_TAG) if cls is not None else None
-        if original is not None:
-            cls.execute = original
-            delattr(cls, _TAG)
+        for cls_name in _CLASSES:
+            cls = getattr(module, cls_name, None)
+            original = cls.__dict__.get(_TAG) if isinstance(cls, type) else None
+            if original is not None:
+                cls.execute = original
+                delattr(cls, _TAG)
+    with _lock:
+        _state.update(module=None, hooked={}, left={})
 
 
-def _patch(cls) -> None:
+def status() -> dict:
+    """What :func:`register` hooked where, and what was left to SGLang and why:
+    ``{"sglang": release, "module": accessor module or None, "hooked": {method: module},
+    "left_to_sglang": {method: {reason: first case seen}}}``. Reasons appear as calls meet them
+    (each is also logged once)."""
+    with _lock:
+        return {"sglang": _release(), "module": _state["module"], "hooked": dict(_state["hooked"]),
+                "left_to_sglang": {m: dict(r) for m, r in _state["left"].items()}}
+
+
+# -- finding and patching the accessor ---------------------------------------------------------
+
+def _release() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _find_accessor():
+    """(name, module) of the newest accessor module this SGLang has, or ImportError. Which
+    modules the release has is read from its files, without importing anything, so that an
+    import that fails (a missing dependency, anywhere in SGLang's import chain) is reported as
+    itself rather than as a module that is not there."""
+    try:
+        top = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        top = None
+    if top is None or not top.submodule_search_locations:
+        raise ImportError("nvrtc_gather.integrations.sglang.register(): SGLang is not installed here (no package "
+                          f"sglang; looked for {', '.join(MODULES)})")
+    tried = []
+    for name, introduced in ACCESSORS:
+        if not _has_module(top.submodule_search_locations, name):
+            tried.append(f"{name} (since {introduced})")
+            continue
+        try:
+            return name, importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001  any import-time failure: say which, keep the cause
+            cause = str(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {e}"
+            raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} "
+                              f"has {name}, but importing it failed: {cause}") from e
+    raise ImportError(f"nvrtc_gather.integrations.sglang.register(): SGLang {_release() or '(no version)'} has none "
+                      f"of the index-K accessor modules nvrtc_gather knows: tried {', '.join(tried)}. Its layout may "
+                      "have moved again: nothing was hooked")
+
+
+def _has_module(roots, name: str) -> bool:
+    """Whether ``name`` (``sglang.a.b``) is a file or package under the package's ``roots``."""
+    parts = name.split(".")[1:]
+    return any(os.path.isfile(os.path.join(root, *parts) + ".py") or
+               os.path.isfile(os.path.join(root, *parts, "__init__.py")) for root in roots)
+
+
+def _patch(cls, make) -> None:
     if _TAG in cls.__dict__:
         return
     original = cls.__dict__["execute"]  # a classmethod
-    sglang_execute = original.__get__(None, cls)
-
-    @functools.wraps(sglang_execute)
-    def execute(klass, pool, buf, *args, **kwargs):
-        if "seq_len" in kwargs or not _is_fp8_buffer(buf):  # SGLang's own path
-            return sglang_execute(pool, buf, *args, **kwargs)
-        return _from_pool(pool, buf, *args, **kwargs)
-
     setattr(cls, _TAG, original)
-    cls.execute = classmethod(execute)
+    cls.execute = classmethod(make(original.__get__(None, cls)))
 
 
-def _is_fp8_buffer(buf) -> bool:
-    return isinstance(buf, torch.Tensor) and buf.dtype == torch.uint8 and torch.version.hip is None and \
-        buf.device.type in ("cuda", "cpu")
+def _leave(method: str, reason: str, detail: str) -> None:
+    """Record (and log, the first time) a case left to SGLang's own ``method``."""
+    reasons = _state["left"].setdefault(method, {})
+    if reason not in reasons:
+        reasons[reason] = detail
+        log.info("nvrtc_gather: SGLang's %s keeps its own path for %s (%s)", method, reason, detail)
 
 
-def _from_pool(pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len):
-    """SGLang's GetKAndS arguments (same order as its ``triton``/``aiter`` methods)."""
-    return get_index_k_scale_buffer(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
-                                    page_size=pool.page_size, index_head_dim=pool.index_head_dim,
-                                    quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
+def _page_size(pool) -> int:
+    return pool.index_page_size if hasattr(pool, "index_page_size") else pool.page_size
 
+
+def _unserved(buf, pool, k=None, k_scale=None) -> tuple[str, str] | None:
+    """(reason, detail) when nvrtc_gather does not serve this buffer; None when it does."""
+    if torch.version.hip is not None:
+        return "ROCm", f"torch {torch.__version__} is a ROCm build"
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8:
+        return "index cache dtype", f"a {getattr(buf, 'dtype', type(buf).__name__)} index buffer (not fp8 as uint8)"
+    if buf.device.type not in ("cuda", "cpu"):
+        return "device", f"tensors on {buf.device.type}"
+    try:
+        page_size, head_dim = _page_size(pool), pool.index_head_dim
+        nq = head_dim // getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE)
+    except (AttributeError, TypeError, ZeroDivisionError) as e:
+        return "pool", f"a pool without the sizes the layout needs ({e})"
+    if buf.dim() != 2 or buf.size(1) != page_size * (head_dim + 4 * nq):
+        return "page layout", (f"a buffer of shape {tuple(buf.shape)}, not [pages, page_size {page_size} * "
+                               f"(index_head_dim {head_dim} + 4 * {nq})]")
+    if k is not None and getattr(k, "dtype", None) not in _K_DTYPES:
+        return "index_k dtype", f"index_k of dtype {getattr(k, 'dtype', type(k).__name__)}"
+    if k_scale is not None and getattr(k_scale, "dtype", None) != torch.float32:
+        return "index_k_scale dtype", f"index_k_scale of dtype {getattr(k_scale, 'dtype', type(k_scale).__name__)}"
+    return None
+
+
+def _get_signature(pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len):
+    """GetKAndS's arguments (its ``triton``/``aiter`` methods, in every release)."""
+
+
+def _set_signature(pool, buf, loc, index_k, index_k_scale):
+    """SetKAndS's arguments (its ``triton`` method, in every release)."""
+
+
+_GET = inspect.signature(_get_signature)
+_SET = inspect.signature(_set_signature)
+
+
+def _get_hook(sglang_execute):
+    @functools.wraps(sglang_execute)
+    def execute(klass, *args, **kwargs):
+        try:
+            a = _GET.bind(*args, **kwargs).arguments
+        except TypeError:  # another call (SGLang's older single-request one): its own path
+            _leave("GetKAndS.execute", "call", "a call with other arguments")
+            return sglang_execute(*args, **kwargs)
+        why = _unserved(a["buf"], a["pool"])
+        if why is not None:
+            _leave("GetKAndS.execute", *why)
+            return sglang_execute(*args, **kwargs)
+        pool = a["pool"]
+        return get_index_k_scale_buffer(a["buf"], a["seq_len_tensor"], a["page_indices"], a["seq_len_sum"],
+                                        a["max_seq_len"], page_size=_page_size(pool), index_head_dim=pool.index_head_dim,
+                                        quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
+    return execute
+
+
+def _set_hook(sglang_execute):
+    @functools.wraps(sglang_execute)
+    def execute(klass, *args, **kwargs):
+        try:
+            a = _SET.bind(*args, **kwargs).arguments
+        except TypeError:
+            _leave("SetKAndS.execute", "call", "a call with other arguments")
+            return sglang_execute(*args, **kwargs)
+        why = _unserved(a["buf"], a["pool"], a["index_k"], a["index_k_scale"])
+        if why is not None:
+            _leave("SetKAndS.execute", *why)
+            return sglang_execute(*args, **kwargs)
+        pool = a["pool"]
+        set_index_k_scale_buffer(a["buf"], a["loc"], a["index_k"], a["index_k_scale"], page_size=_page_size(pool),
+                                 index_head_dim=pool.index_head_dim,
+                                 quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
+    return execute
+
+
+# -- the accessor ------------------------------------------------------------------------------
 
 def get_index_k_scale_buffer(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: torch.Tensor,
                              seq_len_sum: int, max_seq_len: int, *, page_size: int = 64,
@@ -105,32 +263,73 @@ def get_index_k_scale_buffer(buf: torch.Tensor, seq_len_tensor: torch.Tensor, pa
                              quant_block_size: int = QUANT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_fp8 uint8 ``[seq_len_sum, index_head_dim]``, k_scale uint8 ``[seq_len_sum, 4 * nq]``) for
     the requests of ``seq_len_tensor`` (lengths, ``[batch]``, int32/int64) whose pages are the rows
-    of ``page_indices`` (``[batch, max_pages]``, int32/int64), packed by request, as SGLang's
-    ``GetKAndS`` returns them. ``seq_len_sum`` (a host int, the sum of the lengths) sizes the
-    outputs; ``max_seq_len`` must fit in ``page_indices``' pages.
+    of ``page_indices`` (``[batch, max_pages]``, int32/int64, any strides), packed by request, as
+    SGLang's ``GetKAndS`` returns them. ``seq_len_sum`` (a host int, the sum of the lengths) sizes
+    the outputs; ``max_seq_len`` must fit in ``page_indices``' pages.
+
+    ``seq_len_sum`` larger than the lengths' sum: the rows past the sum are zero (SGLang's own
+    kernels leave them uninitialised). Smaller: CPU tensors (and NVRTC_GATHER_DEBUG=1) raise
+    ValueError naming seq_len_sum; on CUDA tensors (no host sync) the rows past seq_len_sum are
+    not written anywhere (SGLang's Triton kernel writes past its outputs there).
 
     Arguments are checked before anything is written (TypeError/ValueError naming the argument).
     Page ids and lengths must fit int32: on CPU tensors one that does not raises ValueError; on
     CUDA tensors they stay on the device (no host sync) and one that does not is never read as
-    another page: its request's rows are skipped (left unwritten), and NVRTC_GATHER_DEBUG=1
-    raises the ValueError instead (one sync per call)."""
+    another page: its request's rows are skipped (left zero), and NVRTC_GATHER_DEBUG=1 raises
+    the ValueError instead (one sync per call)."""
     nq = _check(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
                 quant_block_size)
     dev = buf.device
     batch = seq_len_tensor.size(0)
     if dev.type == "cpu" or settings.debug_enabled():
-        _check_values(seq_len_tensor, page_indices)
+        _check_values(seq_len_tensor, page_indices, seq_len_sum)
     # Prefix sums in int64 (int32 ones wrap); anything outside int32 becomes -1, out of range for
     # the kernel, which then skips that request's rows rather than reading a wrapped-around page.
     cu64 = torch.cumsum(seq_len_tensor, 0, dtype=torch.int64)
     cu_seq_lens = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
     cu_seq_lens[1:] = _to_int32(cu64)
     block_table = page_indices if page_indices.dtype == torch.int32 else _to_int32(page_indices)
-    k_fp8 = torch.empty(seq_len_sum, index_head_dim, dtype=torch.uint8, device=dev)
-    k_scale = torch.empty(seq_len_sum, 4 * nq, dtype=torch.uint8, device=dev)
+    if block_table.size(1) > 1 and block_table.stride(1) != 1:  # the gather takes row-strided tables only
+        block_table = block_table.contiguous()
+    # Zeroed, not empty: rows no request covers (seq_len_sum past the lengths' sum) read as zero.
+    k_fp8 = torch.zeros(seq_len_sum, index_head_dim, dtype=torch.uint8, device=dev)
+    k_scale = torch.zeros(seq_len_sum, 4 * nq, dtype=torch.uint8, device=dev)
     kv_cache = buf.view(buf.size(0), page_size, index_head_dim + 4 * nq)
     cp_gather_indexer_k_quant_cache(kv_cache, k_fp8, k_scale, block_table, cu_seq_lens)
     return k_fp8, k_scale
+
+
+def set_index_k_scale_buffer(buf: torch.Tensor, loc: torch.Tensor, index_k: torch.Tensor,
+                             index_k_scale: torch.Tensor, *, page_size: int = 64, index_head_dim: int = 128,
+                             quant_block_size: int = QUANT_BLOCK_SIZE) -> None:
+    """Write token ``i``'s fp8 keys ``index_k[i]`` (float8_e4m3fn or uint8 ``[T, index_head_dim]``)
+    and fp32 scales ``index_k_scale[i]`` (``[T]`` or ``[T, nq]``) into slot ``loc[i]`` (int32 or
+    int64 ``[T]``: page ``loc // page_size``, row ``loc % page_size``) of the layer's buffer, as
+    SGLang's ``SetKAndS`` does (same bytes). ``loc < 0`` is skipped; a slot past the buffer raises
+    ValueError on CPU tensors and is skipped on CUDA ones (NVRTC_GATHER_DEBUG=1: ValueError);
+    SGLang's Triton kernel writes outside the buffer for both."""
+    checks.tensor("buf", buf)
+    checks.tensor("loc", loc)
+    checks.dtype_in("buf", buf, (torch.uint8,))
+    checks.dtype_in("loc", loc, _INDEX_DTYPES)
+    nq = _layout_words(buf, page_size, index_head_dim, quant_block_size)
+    kv_cache = buf.view(buf.size(0), page_size, index_head_dim + 4 * nq)
+    indexer_k_scatter(index_k, index_k_scale, kv_cache, loc if loc.dtype == torch.int64 else loc.to(torch.int64))
+
+
+def _layout_words(buf, page_size, index_head_dim, quant_block_size) -> int:
+    """nq after checking ``buf`` is the layer's 2-D buffer of ``page_size`` tokens per page."""
+    if index_head_dim % quant_block_size:
+        raise ValueError(f"index_head_dim: {index_head_dim} is not a multiple of quant_block_size={quant_block_size}")
+    nq = index_head_dim // quant_block_size
+    stride = index_head_dim + 4 * nq
+    if buf.dim() != 2:
+        raise ValueError(f"buf: expected the layer's 2-D uint8 index buffer [num_pages, page_size * "
+                         f"(index_head_dim + 4 * nq)], got shape {tuple(buf.shape)}")
+    if buf.size(1) != page_size * stride:
+        raise ValueError(f"buf: expected {page_size} * {stride} = {page_size * stride} bytes per page "
+                         f"(page_size={page_size}, index_head_dim={index_head_dim}), got shape {tuple(buf.shape)}")
+    return nq
 
 
 def _to_int32(t: torch.Tensor) -> torch.Tensor:
@@ -159,16 +358,7 @@ def _check(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_siz
     if _host_int("seq_len_sum", seq_len_sum) > checks.INT32_MAX - gather_kernels.THREADS:  # the gather's row limit
         raise ValueError(f"seq_len_sum: {seq_len_sum} rows exceed the supported {checks.INT32_MAX - gather_kernels.THREADS}")
     _host_int("max_seq_len", max_seq_len)
-    if index_head_dim % quant_block_size:
-        raise ValueError(f"index_head_dim: {index_head_dim} is not a multiple of quant_block_size={quant_block_size}")
-    nq = index_head_dim // quant_block_size
-    stride = index_head_dim + 4 * nq
-    if buf.dim() != 2:
-        raise ValueError(f"buf: expected the layer's 2-D uint8 index buffer [num_pages, page_size * "
-                         f"(index_head_dim + 4 * nq)], got shape {tuple(buf.shape)}")
-    if buf.size(1) != page_size * stride:
-        raise ValueError(f"buf: expected {page_size} * {stride} = {page_size * stride} bytes per page "
-                         f"(page_size={page_size}, index_head_dim={index_head_dim}), got shape {tuple(buf.shape)}")
+    nq = _layout_words(buf, page_size, index_head_dim, quant_block_size)
     if seq_len_tensor.dim() != 1:
         raise ValueError(f"seq_len_tensor: expected [batch], got shape {tuple(seq_len_tensor.shape)}")
     if page_indices.dim() != 2 or page_indices.size(0) != seq_len_tensor.size(0):
@@ -181,8 +371,9 @@ def _check(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_siz
     return nq
 
 
-def _check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor) -> None:
-    """Values that int32 cannot hold (reads the tensors: a sync on CUDA)."""
+def _check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int) -> None:
+    """Values that int32 cannot hold, and a seq_len_sum below the lengths' sum (reads the
+    tensors: a sync on CUDA)."""
     if page_indices.dtype == torch.int64 and page_indices.numel():
         lo, hi = int(page_indices.min()), int(page_indices.max())
         if lo < _INT32_MIN or hi > checks.INT32_MAX:
@@ -193,3 +384,6 @@ def _check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor) -> N
         if lo < 0 or int(seq_len_tensor.max()) > checks.INT32_MAX or total > checks.INT32_MAX:
             raise ValueError(f"seq_len_tensor: lengths must be >= 0 and sum to at most {checks.INT32_MAX}, got min {lo}, "
                              f"max {int(seq_len_tensor.max())}, sum {total}")
+        if total > seq_len_sum:
+            raise ValueError(f"seq_len_sum: {seq_len_sum} rows cannot hold the {total} tokens of seq_len_tensor "
+                             "(seq_len_sum is the sum of the lengths)")

@@ -46,7 +46,7 @@ static inline uint2 make_uint2(unsigned int a, unsigned int b) { return uint2{a,
 struct int2 { int x, y; };
 static inline int2 make_int2(int a, int b) { return int2{a, b}; }
 struct EmuIdx { unsigned int x; };
-static thread_local EmuIdx threadIdx, blockIdx;
+static thread_local EmuIdx threadIdx, blockIdx, gridDim;
 
 #define __device__
 #define __global__
@@ -202,6 +202,7 @@ static void emu_run(int n, const EmuKernel* kernels, const char* params, const i
             for (int i = 0; i < n; ++i) {
                 KERNEL_PARAMS p;
                 std::memcpy(&p, params + (size_t)i * sizeof p, sizeof p);
+                gridDim.x = (unsigned int)grids[i];
                 for (int b = 0; b < max(grids[i], 1); ++b) {
                     blockIdx.x = (unsigned int)b;
                     if (b < grids[i]) kernels[i](p);

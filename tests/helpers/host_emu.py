@@ -9,6 +9,7 @@ import pytest
 
 from nvrtc_gather.jit import sources
 from nvrtc_gather.kernels import cache_gather, gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
+from nvrtc_gather.kernels import indexer_k_scatter as scatter_kernels
 
 _BUILDS: dict = {}
 # kernel -> its family's modules: one emulator build holds every entry point of the family
@@ -20,6 +21,7 @@ KERNELS = {
                   **{("plain", k): m for k, m in mla_cache.PLAIN_MODULES.items()}},
     "mla_gather": {"gather": mla_cache.GATHER_MODULE},
     "cache_gather": cache_gather.MODULES,
+    "scatter": scatter_kernels.MODULES,
 }
 
 

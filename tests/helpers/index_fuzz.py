@@ -479,13 +479,7 @@ def quant_case(seed: str, kind: str, dt: str, vec: int, shape: str = "") -> Quan
         else:
             s = next(valid_it, -1)
         slots.append(s)
-    # Two tokens for one cache row: which lands is unspecified, so a case has none (-1 instead).
-    seen = set()
-    for i, s in enumerate(slots):
-        if 0 <= s < num_slots:
-            row = s % bs if alias else s
-            slots[i] = -1 if row in seen else s
-            seen.add(row)
+    one_token_per_row(slots, num_slots, bs if alias else None)
 
     a = Arena()
     gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
@@ -735,15 +729,7 @@ def mla_write_case(seed: str, kind: str, fmt: str, dt: str, vec: int) -> MlaWrit
     scale.fill_(rng.choice([1.0, 0.25, 3.0]))
     pool = [I64_MIN, I64_MIN + 1, -2 ** 32, I32_MIN, -1, num_slots, num_slots + 1, I32_MAX, 2 ** 31, 2 ** 32,
             1 << 40, I64_MAX, rng.randint(I64_MIN, I64_MAX)]
-    valid = iter(rng.sample(range(num_slots), min(num_slots, T)))
-    slots = []
-    for _ in range(T):
-        if kind == "random":
-            slots.append(rng.randint(I64_MIN, I64_MAX))
-        elif kind == "extreme" or rng.random() < 0.35:
-            slots.append(rng.choice(pool))
-        else:
-            slots.append(next(valid, -1))
+    slots = draw_slots(rng, kind, T, pool, rng.sample(range(num_slots), min(num_slots, T)))
     sm = a.alloc(8 * T).view(torch.int64)
     sm.copy_(torch.tensor(slots, dtype=torch.int64))
     err = a.alloc(32).view(torch.int64)
@@ -919,3 +905,30 @@ def check_cache_gather(c: CacheGatherFuzz, debug: bool, outcome) -> None:
     check_gather_rows(c, debug, outcome, dst, c.cu[0] >= 0 and all(a <= b for a, b in zip(c.cu, c.cu[1:])), owned,
                       readings, ("src_cache", "dst", "block_table", "cu_seq_lens", "seq_starts", "scale"),
                       (2, 3, 5, 9, 10))
+
+
+def draw_slots(rng, kind: str, T: int, pool: list, valid: list) -> list:
+    """T slot_mapping entries: "random": any int64; "extreme": all from ``pool``; otherwise
+    mostly the ``valid`` ones in order (-1 once they run out), about a third from ``pool``."""
+    it = iter(valid)
+    slots = []
+    for _ in range(T):
+        if kind == "random":
+            slots.append(rng.randint(I64_MIN, I64_MAX))
+        elif kind == "extreme" or rng.random() < 0.35:
+            slots.append(rng.choice(pool))
+        else:
+            slots.append(next(it, -1))
+    return slots
+
+
+def one_token_per_row(slots: list, num_slots: int, alias_block_size=None) -> None:
+    """Two tokens for one cache row: which lands is unspecified, so a case keeps the first and
+    makes the others -1 (in place). ``alias_block_size``: every block is block 0 (the row is
+    ``s % alias_block_size``)."""
+    seen = set()
+    for i, s in enumerate(slots):
+        if 0 <= s < num_slots:
+            row = s % alias_block_size if alias_block_size else s
+            slots[i] = -1 if row in seen else s
+            seen.add(row)

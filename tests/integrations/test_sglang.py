@@ -86,3 +86,50 @@ def test_int32_lengths_whose_sum_fits_are_accepted_at_the_limit_of_a_page():
     k, s = get_index_k_scale_buffer(**_args(seq_len_tensor=torch.tensor([64, 0], dtype=torch.int32), seq_len_sum=64,
                                             max_seq_len=64))
     assert k.shape == (64, 128) and s.shape == (64, 4)
+
+
+# Issue 26, item 6: seq_len_sum past the lengths' sum, and page_indices with an inner stride.
+def test_rows_past_the_lengths_sum_are_zero_not_uninitialised():
+    buf = torch.randint(1, 256, (4, 64 * 132), dtype=torch.uint8)
+    pages = torch.tensor([[1, 2]])
+    k, s = get_index_k_scale_buffer(buf, torch.tensor([70]), pages, 75, 70)
+    k_ref, s_ref = reference(buf, [70], pages)
+    assert k.shape == (75, 128) and torch.equal(k[:70], k_ref) and torch.equal(s[:70], s_ref)
+    assert not k[70:].any() and not s[70:].any()
+
+
+def test_a_seq_len_sum_below_the_lengths_sum_is_named():
+    buf = torch.zeros(4, 64 * 132, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="seq_len_sum: 60 rows cannot hold the 70 tokens of seq_len_tensor"):
+        get_index_k_scale_buffer(buf, torch.tensor([70]), torch.tensor([[1, 2]]), 60, 70)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_page_indices_with_an_inner_stride_are_read_right(index_dtype):
+    buf = torch.randint(0, 256, (8, 64 * 132), dtype=torch.uint8)
+    wide = torch.tensor([[3, 9, 5, 9], [7, 9, 1, 9]], dtype=index_dtype)
+    pages = wide[:, ::2]  # strides (4, 2)
+    lens = [100, 65]
+    k, s = get_index_k_scale_buffer(buf, torch.tensor(lens, dtype=index_dtype), pages, 165, 100)
+    k_ref, s_ref = reference(buf, lens, pages.contiguous())
+    assert torch.equal(k, k_ref) and torch.equal(s, s_ref)
+
+
+def test_set_index_k_scale_buffer_writes_the_layout_and_skips_padding():
+    from nvrtc_gather.integrations.sglang import set_index_k_scale_buffer
+    buf = torch.randint(0, 256, (3, 64 * 132), dtype=torch.uint8)
+    want = buf.clone()
+    k = torch.randint(0, 256, (3, 128), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    scale = torch.rand(3)
+    loc = torch.tensor([130, -1, 5], dtype=torch.int32)
+    for i, slot in enumerate(loc.tolist()):
+        if slot >= 0:
+            p, t = divmod(slot, 64)
+            want[p, t * 128:(t + 1) * 128] = k[i].view(torch.uint8)
+            want[p, 64 * 128 + 4 * t: 64 * 128 + 4 * (t + 1)] = scale[i:i + 1].view(torch.uint8)
+    set_index_k_scale_buffer(buf, loc, k, scale)
+    assert torch.equal(buf, want)
+    with pytest.raises(TypeError, match="loc: expected dtype torch.int32 or torch.int64"):
+        set_index_k_scale_buffer(buf, loc.float(), k, scale)
+    with pytest.raises(ValueError, match="buf: expected 32 \\* 132 = 4224 bytes per page"):
+        set_index_k_scale_buffer(buf, loc, k, scale, page_size=32)

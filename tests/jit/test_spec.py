@@ -10,14 +10,16 @@ import pytest
 from nvrtc_gather import kernels
 from nvrtc_gather.jit import compiler, debug_errors, sources, spec
 from nvrtc_gather.kernels import cache_gather, gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
+from nvrtc_gather.kernels import indexer_k_scatter as scatter_kernels
 
 _KIND = {"i64": "i64", "i32": "i32"}
 # every parameter struct and the header declaring it
 FAMILIES = [(gather_kernels.PARAMS, "gather_params.cuh"), (quant_kernels.PARAMS, "quant_params.cuh"),
             (mla_cache.WRITE_PARAMS, "mla_params.cuh"), (mla_cache.GATHER_PARAMS, "mla_params.cuh"),
-            (cache_gather.PARAMS, "cache_gather_params.cuh")]
-FAMILY_IDS = ["gather", "quant", "mla_write", "mla_gather", "cache_gather"]
-KERNEL_SOURCES = ("gather_indexer_k.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu", "cache_gather.cu")
+            (cache_gather.PARAMS, "cache_gather_params.cuh"), (scatter_kernels.PARAMS, "scatter_params.cuh")]
+FAMILY_IDS = ["gather", "quant", "mla_write", "mla_gather", "cache_gather", "scatter"]
+KERNEL_SOURCES = ("gather_indexer_k.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu", "cache_gather.cu",
+                  "indexer_k_scatter.cu")
 
 
 def cuh_fields(header: str, struct_name: str) -> list[tuple[str, str]]:
@@ -86,13 +88,15 @@ def test_packing_by_name_is_the_struct_layout(params):
 
 
 def test_the_ops_fill_every_struct_field_by_name():
-    from nvrtc_gather.ops import cache_gather as cache_gather_op, gather, indexer_k_quant, mla_gather, mla_write
+    from nvrtc_gather.ops import cache_gather as cache_gather_op, gather, indexer_k_quant, indexer_k_scatter, \
+        mla_gather, mla_write
     for params, fields_of, plan_type in (
             (cache_gather.PARAMS, cache_gather_op.struct_fields, cache_gather_op.CacheGatherPlan),
             (gather_kernels.PARAMS, gather.struct_fields, gather.GatherPlan),
             (quant_kernels.PARAMS, indexer_k_quant.struct_fields, indexer_k_quant.QuantPlan),
             (mla_cache.WRITE_PARAMS, mla_write.struct_fields, mla_write.WritePlan),
-            (mla_cache.GATHER_PARAMS, mla_gather.struct_fields, mla_gather.MlaGatherPlan)):
+            (mla_cache.GATHER_PARAMS, mla_gather.struct_fields, mla_gather.MlaGatherPlan),
+            (scatter_kernels.PARAMS, indexer_k_scatter.struct_fields, indexer_k_scatter.ScatterPlan)):
         plan = plan_type(**{f: 1 for f in plan_type._fields})
         assert set(fields_of(plan)) == set(params.names) - {"error"}
 

@@ -1,0 +1,44 @@
+// indexer_k_scatter: already-quantized fp8 rows and their fp32 scales written byte for byte
+// into the paged indexer cache (contract: docs/contract.md, "indexer_k_scatter"): SGLang's
+// SetKAndS. Row i < num_tokens goes to slot s = slot_mapping[i] (block s / block_size, row
+// s % block_size); s < 0 is padding and skipped, s >= num_slots is skipped (and reported in
+// debug mode). Slot values are untrusted: no value of them leads outside the cache.
+//
+// Work split: one thread per unit, a unit being one VEC-byte vector of a token's values or one
+// of its 4-byte scale words (values first, then scales), so neighbouring threads store
+// neighbouring bytes of one cache row. A grid-stride loop covers any number of units (64-bit).
+#include "scatter_params.cuh"
+#include "slot_split.cuh"
+
+template <int VEC>
+__device__ __forceinline__ void scatter_body(const ScatterParams& p) {
+    typedef typename Vec<VEC>::T V;
+    const int vpt = p.head_dim / VEC;  // vectors per token; the host guarantees head_dim % VEC == 0
+    const i64 nvec = (i64)p.num_tokens * vpt;
+    const i64 units = nvec + (i64)p.num_tokens * p.scale_words;
+    const FastDiv block_size(p.block_size);
+    for (i64 u = (i64)blockIdx.x * NG_THREADS + threadIdx.x; u < units; u += (i64)gridDim.x * NG_THREADS) {
+        const bool is_value = u < nvec;
+        const i64 w = is_value ? u : u - nvec;
+        const int per = is_value ? vpt : p.scale_words;
+        const int t = (int)(w / per);  // < num_tokens, an i32
+        const int c = (int)(w - (i64)t * per);
+        const i64 s = __ldg(p.slot_mapping + t);
+        if (s < 0) continue;  // padding
+        if (s >= p.num_slots) {
+            if (c == 0 && is_value) ng_report(p.error, NG_ERR_SLOT, t, s, p.num_slots);
+            continue;
+        }
+        i64 blk;
+        int off;
+        ng_split_slot(s, block_size, blk, off);
+        u8* base = p.kv_cache + blk * p.block_stride;
+        if (is_value) {
+            const V v = __ldg(reinterpret_cast<const V*>(p.k + (i64)t * p.k_row_stride) + c);
+            *(reinterpret_cast<V*>(base + (i64)off * p.head_dim) + c) = v;
+        } else {
+            const u32 x = __ldg(reinterpret_cast<const u32*>(p.k_scale + (i64)t * p.scale_row_stride) + c);
+            *(reinterpret_cast<u32*>(base + (i64)p.block_size * p.head_dim + (i64)off * p.scale_words * 4) + c) = x;
+        }
+    }
+}

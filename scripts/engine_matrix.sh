@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The engine-version matrix: the SGLang adapter's tests against each real SGLang release (and
+# vLLM 0.33's real-package test), each in its own fresh environment; one summary line per
+# release, e.g. "engine sglang==0.5.23: 105 passed, 5 skipped". Exit 1 if any row fails. Measured on
+# the 2-core CI-like machine: 621 s in all (0.5.15 179 s, 0.5.20 130 s, 0.5.23 108 s, vLLM 127 s
+# of which its environment ~1.5 min when .venv-vllm is absent).
+#   SGLANG_RELEASES  the releases (default "0.5.15 0.5.20 0.5.23")
+#   MATRIX_DIR       where the environments go (default: a fresh temporary directory, removed after)
+# Each SGLang environment: scripts/setup.sh (CPU torch 2.13.0, this checkout editable), then
+# `pip install --no-deps sglang==X` plus what the accessor module's imports need on CPU
+# (SGLANG_IMPORT_DEPS below: its chain runs through sglang.srt.utils). Nothing is cached between
+# runs (pip --no-cache-dir). NVRTC_GATHER_REQUIRE_SGLANG=1 makes a missing or unimportable
+# SGLang a failure, not a skip; a release whose accessor moved fails with its name and the paths
+# tried (tests/integrations/test_sglang_real.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RELEASES=${SGLANG_RELEASES:-"0.5.15 0.5.20 0.5.23"}
+SGLANG_IMPORT_DEPS="numpy orjson psutil pybase64 requests urllib3 idna certifi charset-normalizer triton packaging
+  pillow starlette anyio sniffio msgspec pydantic pydantic-core typing-inspection annotated-types pyzmq tqdm ipython
+  traitlets pygments aiohttp multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist apache-tvm-ffi"
+# 0.5.15 and 0.5.20 import more at module level on the accessor's chain (sglang/__init__ ->
+# transformers with the versions they pin, torchvision.io.decode_jpeg). No CPU build of
+# torchvision for torch 2.13 is served to CI (PyPI's needs CUDA torch), so those environments get
+# tests/helpers/torchvision_standin: the few torchvision names imported at module level, nothing
+# the accessor runs.
+OLDER_IMPORT_DEPS="transformers==5.12.1 tokenizers==0.22.2 huggingface-hub==1.33.0 safetensors sentencepiece regex pyyaml
+  httpx httpcore h11 httpx2 httpcore2 truststore dill openai partial-json-parser einops compressed-tensors loguru gguf"
+if [ -n "${MATRIX_DIR:-}" ]; then WORK=$MATRIX_DIR; mkdir -p "$WORK"; else WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT; fi
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+summary=()
+status=0
+t_all=$(date +%s)
+
+row() {  # row NAME LOG SECONDS RC: the summary line of one pytest run
+    local counts
+    counts=$(grep -E '^[0-9]+ (passed|failed|skipped|error)|^=+ .*(passed|failed|error).* =+$|^[0-9]+ .* in [0-9.]+s' "$2" | tail -1 | sed -E 's/^=+ //; s/ =+$//; s/ in [0-9.]+s.*//')
+    summary+=("engine $1: ${counts:-no result} ($3 s)")
+    [ "$4" -eq 0 ] || status=1
+}
+
+for v in $RELEASES; do
+    t0=$(date +%s)
+    venv="$WORK/sglang-$v"
+    log="$WORK/sglang-$v.log"
+    extra=""
+    case $v in 0.5.1[0-9]|0.5.2[0-2]) extra=$OLDER_IMPORT_DEPS ;; esac
+    if ! { VENV="$venv" bash scripts/setup.sh && "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" $SGLANG_IMPORT_DEPS $extra \
+           && { [ -z "$extra" ] || cp -r tests/helpers/torchvision_standin/torchvision \
+                "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; }; } > "$log" 2>&1; then
+        tail -20 "$log"
+        summary+=("engine sglang==$v: environment FAILED ($(( $(date +%s) - t0 )) s)")
+        status=1
+        continue
+    fi
+    NVRTC_GATHER_REQUIRE_SGLANG=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/integrations/test_sglang_real.py tests/integrations/test_sglang_hook.py tests/integrations/test_sglang.py \
+        > "$log.pytest" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || tail -40 "$log.pytest"
+    row "sglang==$v" "$log.pytest" "$(( $(date +%s) - t0 ))" $rc
+    rm -rf "$venv"
+done
+
+# vLLM 0.33: the real-package test in .venv-vllm (scripts/setup_vllm_env.sh; made here if absent).
+t0=$(date +%s)
+if [ -x .venv-vllm/bin/python ] || bash scripts/setup_vllm_env.sh > "$WORK/vllm-env.log" 2>&1; then
+    vllm=$(.venv-vllm/bin/python -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo "?")
+    NVRTC_GATHER_REQUIRE_VLLM_ENV=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_vllm_real.py \
+        > "$WORK/vllm.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || tail -40 "$WORK/vllm.log"
+    row "vllm==$vllm" "$WORK/vllm.log" "$(( $(date +%s) - t0 ))" $rc
+else
+    tail -20 "$WORK/vllm-env.log"
+    summary+=("engine vllm: environment FAILED")
+    status=1
+fi
+
+echo "engine matrix ($(( $(date +%s) - t_all )) s):"
+printf '  %s\n' "${summary[@]}"
+exit $status
