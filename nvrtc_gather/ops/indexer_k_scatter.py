@@ -22,7 +22,7 @@ _SCALE_DTYPES = (torch.float32, torch.uint8)
 _KV_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = ("k", "k_scale", "slot_mapping", "kv_cache")
-READ = ("k", "k_scale", "slot_mapping")  # what the op reads while it writes kv_cache: the eager and fake checks
+WRITES, READS = ("kv_cache",), ("k", "k_scale", "slot_mapping")  # one list: the eager checks and the fake
 
 
 class ScatterPlan(NamedTuple):
@@ -99,7 +99,7 @@ def plan_scatter(k, k_scale, kv_cache, slot_mapping) -> ScatterPlan:
         extents = _extents(plan)
         reads = (plan.k_ptr, plan.scale_ptr, plan.slot_ptr)
         if fast_path.overlapping(plan.kv_ptr, reads, extents):
-            checks.disjoint_from("kv_cache", plan.kv_ptr, READ, reads, extents)
+            checks.disjoint_from(WRITES[0], plan.kv_ptr, READS, reads, extents)
     return plan
 
 
@@ -222,8 +222,8 @@ def scatter_fake(k, k_scale, kv_cache, slot_mapping) -> None:
     storages (ops/fake_checks.py says why); only the rows that are read count."""
     n = slot_mapping.size(0)
     if n:
-        tensors = {"k": k, "k_scale": k_scale, "slot_mapping": slot_mapping}
-        fake_checks.disjoint({"kv_cache": kv_cache}, {name: tensors[name] for name in READ}, {"k": n, "k_scale": n})
+        fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, k=k, k_scale=k_scale, slot_mapping=slot_mapping),
+                          {"k": n, "k_scale": n})
 
 
 library.register("indexer_k_scatter(Tensor k, Tensor k_scale, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()",

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from nvrtc_gather.ops import gather, indexer_k_quant, mla_gather, mla_write
+from nvrtc_gather.ops import gather, indexer_k_quant, indexer_k_scatter, mla_gather, mla_write
 
 N = 1500
 
@@ -134,3 +134,18 @@ def test_chunked_gathers_eager_and_fake_agree(op):
         return src, dst, bt, cu, t2s, rows, "fp8", scale, seq
 
     _agree(rng, build, lambda *a: cache_gather.plan_for(op, *a), fake, min_hits=5)
+
+
+def test_indexer_scatter_eager_and_fake_agree():
+    rng = random.Random(6)
+    buf = torch.zeros(1 << 13, dtype=torch.uint8)
+
+    def build(rng):
+        n, hd = rng.randint(1, 4), rng.choice([16, 32])
+        kv = _view(buf, _offset(rng, 6000, 4), (2, 4, hd + 4), torch.uint8)
+        k = _view(buf, _offset(rng, 7000, 4), (n + rng.randint(0, 2), hd), torch.uint8)
+        k_scale = _view(buf, _offset(rng, 7000, 4), (n + rng.randint(0, 2), 1), torch.float32)
+        slots = _view(buf, _offset(rng, 7000, 8), (n,), torch.int64)
+        return k, k_scale, kv, slots
+
+    _agree(rng, build, indexer_k_scatter.plan_scatter, indexer_k_scatter.scatter_fake)

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 import nvrtc_gather as ng
-from nvrtc_gather.ops import cache_gather, gather, indexer_k_quant, library, mla_gather, mla_write
+from nvrtc_gather.ops import cache_gather, gather, indexer_k_quant, indexer_k_scatter, library, mla_gather, mla_write
 from helpers.fresh_python import run
 
 OPS = {"cp_gather_indexer_k_quant_cache": gather, "indexer_k_quant_and_cache": indexer_k_quant,
        "concat_and_cache_mla": mla_write, "cp_gather_and_upconvert_fp8_kv_cache": mla_gather,
-       "cp_gather_cache": cache_gather, "gather_and_maybe_dequant_cache": cache_gather}
+       "cp_gather_cache": cache_gather, "gather_and_maybe_dequant_cache": cache_gather,
+       "indexer_k_scatter": indexer_k_scatter}
 
 
 @pytest.mark.parametrize("name", OPS)
