@@ -33,10 +33,10 @@ for stage in $stages; do
   echo "=== $stage ==="
   case $stage in
     tests)
-      # pytest-xdist where installed (the H200 image has it): one file per worker at a time, each
+      # pytest-xdist where installed (the H200 image has it): tests spread over the workers, each
       # test's name and outcome in the log; TEST_WORKERS=0 runs in one process
-      par=$(python3 -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-8}" != 0 ] && echo "-n ${TEST_WORKERS:-8} --dist loadfile -v")
-      python3 -m pytest -q -rfEs -p no:cacheprovider $par tests > "$OUT/pytest.log" 2>&1 || status=1
+      par=$(python3 -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-8}" != 0 ] && echo "-n ${TEST_WORKERS:-8} --dist load -v" || echo -q)
+      python3 -m pytest -rfEs -p no:cacheprovider $par tests > "$OUT/pytest.log" 2>&1 || status=1
       grep -E "^(FAILED|ERROR)|^SKIPPED|passed|failed" "$OUT/pytest.log" | tail -40 ;;
     cli)
       cc=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
