@@ -74,7 +74,8 @@ def test_unprintable_cache_path_in_demo(tmp_path):
 
 # -- items 3 and 4: the demo's compile step -------------------------------------------------
 
-def test_demo_with_an_arch_nvrtc_refuses_is_a_message(capsys):
+def test_demo_with_an_arch_nvrtc_refuses_is_a_message(monkeypatch, capsys):
+    monkeypatch.setattr(demo, "gpu_available", lambda: False)  # --arch is the no-GPU branch's compile step
     rc = cli_main(["demo", "--batch", "2", "--mean-len", "64", "--arch", "compute_999"])
     out, err = capsys.readouterr()
     assert rc == 1 and "could not compile for --arch compute_999" in err and "Traceback" not in err
@@ -88,6 +89,7 @@ def test_demo_without_nvrtc_runs_the_cpu_part_and_says_how_to_install(monkeypatc
     monkeypatch.setattr(compiler, "nvrtc_version", missing)
     monkeypatch.setattr(compiler, "supported_archs", missing)
     monkeypatch.setattr(compiler, "compile_module", missing)
+    monkeypatch.setattr(demo, "gpu_available", lambda: False)  # the branch that compiles without a GPU
     rc = cli_main(["demo", "--batch", "2", "--mean-len", "64"])
     out, err = capsys.readouterr()
     assert rc == 0, (out, err)
@@ -108,6 +110,7 @@ def test_demo_honours_disable_jit(monkeypatch, capsys):
     before = build.stats["compiles"]
     calls = []
     monkeypatch.setattr(compiler, "compile_module", lambda *a: calls.append(a))
+    monkeypatch.setattr(demo, "gpu_available", lambda: False)  # the branch that compiles without a GPU
     rc = cli_main(["demo", "--batch", "2", "--mean-len", "64"])
     out = capsys.readouterr().out
     assert rc == 0 and not calls and build.stats["compiles"] == before

@@ -133,8 +133,8 @@ FAULTS = {
 def _faulty(what):
     rng = random.Random(f"fault-{what}")
     case = make_case(rng, lens=[30, 20, 12, 40], conversion="e4m3_bf16", seq_starts=True, extra_rows=3)
-    if what == "block_id":
-        case.block_table[1, 0] = 10**6
+    if what == "block_id":  # in the first column request 1 reads (its seq_starts may skip column 0)
+        case.block_table[1, int(case.seq_starts[1]) // case.src_cache.size(1)] = 10**6
     elif what == "column":
         case.block_table = case.block_table[:, :1].contiguous()
     elif what == "seq_negative":

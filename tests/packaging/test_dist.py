@@ -107,7 +107,12 @@ def test_the_readmes_wheel_install_line_resolves(dists):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", f"{wheel}[cu13]"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert re.search(r"^Would install nvrtc[-_]gather-\S+$", r.stdout, re.M), r.stdout
+    # pip would install the wheel and nothing else, or nothing at all where this very version is
+    # installed already (the H200 image's environment)
+    would = re.findall(r"^Would install (.+)$", r.stdout, re.M)
+    already = "nvrtc-gather is already installed with the same version as the provided wheel" in r.stdout
+    assert (len(would) == 1 and re.fullmatch(r"nvrtc[-_]gather-\S+", would[0].strip())) or (not would and already), \
+        r.stdout
 
 
 def test_an_old_setuptools_is_a_skip_reason_naming_the_cause(monkeypatch):
