@@ -13,11 +13,11 @@ import re
 import pytest
 
 from helpers.fresh_python import REPO, TESTS, run
+from nvrtc_gather.integrations import activation
 from test_vllm_real import PYTHON, vllm_dir  # noqa: F401  (the module-scoped fixture)
 
 LINE = re.compile(r"^\((?P<name>\w+) pid=(?P<pid>\d+)\) INFO .*nvrtc_gather: torch\.ops\._C_cache_ops\.\{"
-                  r"cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache, concat_and_cache_mla, "
-                  r"cp_gather_and_upconvert_fp8_kv_cache\} now run nvrtc_gather's kernels", re.M)
+                  + re.escape(", ".join(activation.ALL_OPS)) + r"\} now run nvrtc_gather's kernels", re.M)
 
 
 def test_a_line_waits_for_vllms_logging_and_is_repeated_in_a_forked_process():
