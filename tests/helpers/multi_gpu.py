@@ -19,6 +19,7 @@ import torch
 import nvrtc_gather as ng
 from helpers import cache_gather_reference, mla_reference
 from helpers.reference import make_gather_case, make_quant_case
+from helpers.scatter_cases import make_scatter_case
 
 
 @dataclass
@@ -68,6 +69,9 @@ def op_calls(seed: int) -> list[OpCall]:
         c = make_quant_case(rng, head_dim=128, quant_block_size=128, block_size=64, dtype=dt, scale_fmt=fmt,
                             num_tokens=rng.randint(1, 300), extra_rows=3)
         calls.append(OpCall(f"quant {dt} {fmt!r}", ng.indexer_k_quant_and_cache, c.args(), (1,)))
+    for _ in range(2):
+        c = make_scatter_case(rng)
+        calls.append(OpCall(f"scatter {c.desc}", ng.indexer_k_scatter, c.args(), (2,)))
     for fmt, dt in (("fp8_ds_mla", torch.bfloat16), ("fp8_ds_mla", torch.float16), ("auto", torch.bfloat16),
                     ("fp8", torch.bfloat16)):
         c = mla_reference.make_write_case(rng, fmt=fmt, dtype=dt, block_size=rng.choice([16, 64]),
