@@ -229,8 +229,8 @@ def register(ops=None) -> tuple[str, ...]:
     if ops is not None and not isinstance(ops, str):
         names = list(ops) if hasattr(ops, "__iter__") else None
         if names is None or not all(isinstance(o, str) for o in names):
-            raise TypeError(f"ops: expected op names (a str, or an iterable of str: gather, quant, mla_write, "
-                            f"mla_gather, cp_gather, dequant_gather), got {ops!r}")
+            raise TypeError(f"ops: expected op names (a str, or an iterable of str: "
+                            f"{', '.join(activation.SHORT_NAMES)}), got {ops!r}")
         ops = names
     wanted = activation.parse_ops(ops if isinstance(ops, str) else ",".join(ops), "ops") if ops is not None \
         else activation.ALL_OPS

@@ -14,7 +14,8 @@ import threading
 import pytest
 import torch
 
-from helpers.multi_gpu import copy_to, mismatches, op_calls, tp_worker
+from helpers.multi_gpu import mismatches, op_calls, tp_worker
+from helpers.reference import copy_to
 from nvrtc_gather.jit import cubin_cache
 
 pytestmark = pytest.mark.gpu

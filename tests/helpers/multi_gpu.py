@@ -18,7 +18,7 @@ import torch
 
 import nvrtc_gather as ng
 from helpers import cache_gather_reference, mla_reference
-from helpers.reference import make_gather_case, make_quant_case
+from helpers.reference import copy_to, make_gather_case, make_quant_case
 from helpers.scatter_cases import make_scatter_case
 
 
@@ -42,15 +42,6 @@ class OpCall:
 
     def expected(self) -> list[torch.Tensor]:
         return self.run("cpu")
-
-
-def copy_to(a, device):
-    """``a`` on ``device`` with the same shape and strides (plain values as they are)."""
-    if not isinstance(a, torch.Tensor):
-        return a
-    out = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=device)
-    out.copy_(a)
-    return out
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

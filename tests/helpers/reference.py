@@ -107,13 +107,18 @@ def make_gather_case(rng: random.Random, *, block_size, head_dim, quant_block_si
     return case
 
 
+def copy_to(t, device):
+    """``t`` on ``device`` with the same shape and strides (a plain value as it is)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    out.copy_(t)
+    return out
+
+
 def to_device(case: GatherCase, device) -> GatherCase:
     """Same case on another device with the same shapes and strides."""
-    def move(t):
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-        out.copy_(t)
-        return out
-    return GatherCase(*(move(t) for t in case.args()), case.head_dim, case.scale_words, case.desc)
+    return GatherCase(*(copy_to(t, device) for t in case.args()), case.head_dim, case.scale_words, case.desc)
 
 
 # --- indexer_k_quant_and_cache -------------------------------------------------------------
