@@ -28,7 +28,6 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import inspect
 import logging
 import os
 import sys
@@ -205,33 +204,31 @@ def _unserved(buf, pool, k=None, k_scale=None) -> tuple[str, str] | None:
     return None
 
 
-def _get_signature(pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len):
-    """GetKAndS's arguments (its ``triton``/``aiter`` methods, in every release)."""
+def _get_args(pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len):
+    """GetKAndS's arguments (its ``triton``/``aiter`` methods, in every release), bound by
+    Python itself: a TypeError means another call."""
+    return pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len
 
 
-def _set_signature(pool, buf, loc, index_k, index_k_scale):
+def _set_args(pool, buf, loc, index_k, index_k_scale):
     """SetKAndS's arguments (its ``triton`` method, in every release)."""
-
-
-_GET = inspect.signature(_get_signature)
-_SET = inspect.signature(_set_signature)
+    return pool, buf, loc, index_k, index_k_scale
 
 
 def _get_hook(sglang_execute):
     @functools.wraps(sglang_execute)
     def execute(klass, *args, **kwargs):
         try:
-            a = _GET.bind(*args, **kwargs).arguments
+            pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len = _get_args(*args, **kwargs)
         except TypeError:  # another call (SGLang's older single-request one): its own path
             _leave("GetKAndS.execute", "call", "a call with other arguments")
             return sglang_execute(*args, **kwargs)
-        why = _unserved(a["buf"], a["pool"])
+        why = _unserved(buf, pool)
         if why is not None:
             _leave("GetKAndS.execute", *why)
             return sglang_execute(*args, **kwargs)
-        pool = a["pool"]
-        return get_index_k_scale_buffer(a["buf"], a["seq_len_tensor"], a["page_indices"], a["seq_len_sum"],
-                                        a["max_seq_len"], page_size=_page_size(pool), index_head_dim=pool.index_head_dim,
+        return get_index_k_scale_buffer(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
+                                        page_size=_page_size(pool), index_head_dim=pool.index_head_dim,
                                         quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
     return execute
 
@@ -240,16 +237,15 @@ def _set_hook(sglang_execute):
     @functools.wraps(sglang_execute)
     def execute(klass, *args, **kwargs):
         try:
-            a = _SET.bind(*args, **kwargs).arguments
+            pool, buf, loc, index_k, index_k_scale = _set_args(*args, **kwargs)
         except TypeError:
             _leave("SetKAndS.execute", "call", "a call with other arguments")
             return sglang_execute(*args, **kwargs)
-        why = _unserved(a["buf"], a["pool"], a["index_k"], a["index_k_scale"])
+        why = _unserved(buf, pool, index_k, index_k_scale)
         if why is not None:
             _leave("SetKAndS.execute", *why)
             return sglang_execute(*args, **kwargs)
-        pool = a["pool"]
-        set_index_k_scale_buffer(a["buf"], a["loc"], a["index_k"], a["index_k_scale"], page_size=_page_size(pool),
+        set_index_k_scale_buffer(buf, loc, index_k, index_k_scale, page_size=_page_size(pool),
                                  index_head_dim=pool.index_head_dim,
                                  quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
     return execute

@@ -95,11 +95,11 @@ def test_every_call_site_passes_what_the_hook_binds(accessor):
     sites = _call_sites(root)
     assert {cls for _, _, cls, _ in sites} == {"GetKAndS", "SetKAndS"}, f"SGLang {release}: call sites {sites}"
     for path, line, cls, call in sites:
-        sig = hook._GET if cls == "GetKAndS" else hook._SET
+        bind = hook._get_args if cls == "GetKAndS" else hook._set_args
         args = [object()] * len(call.args)
         kwargs = {k.arg: object() for k in call.keywords}
         try:
-            sig.bind(*args, **kwargs)
+            bind(*args, **kwargs)
         except TypeError as e:
             pytest.fail(f"SGLang {release} {path}:{line} calls {cls}.execute with arguments the hook does not bind: {e}")
 
