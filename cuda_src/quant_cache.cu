@@ -11,7 +11,7 @@
 // (nvrtc_gather/kernels/indexer_k_quant.py: SHAPES).
 // A quant block's amax: xor shuffles inside the largest power-of-two group of lanes that
 // divides its lane count, then, only when the quant block is wider than that group,
-// shared-memory atomicMax across the groups.
+// shared-memory atomicMax across the groups (ng_pass_amax).
 // Generic kernels (quant_cache_<type>_any): one thread per (token, quant block), element
 // loads and byte stores; any alignment, any quant block size, any head_dim.
 //
@@ -21,7 +21,7 @@
 // - amax of 16-bit types on the packed words (__vmaxu2: one VIMNMX per two elements, three
 //   words per VIMNMX3 on sm_90), two passes' amaxes sharing each shuffle;
 // - ue8m0: the scale from amax's bits without a division, and every value multiplied by its
-//   inverse (even for inf / NaN scales, see ng_block_scale); plain scales: amax / 448 in three
+//   inverse (even for an inf scale, see ng_block_scale); plain scales: amax / 448 in three
 //   fp32 instructions (ng_div448), each value's quotient a multiply and two fmas (ng_div_plain)
 //   instead of a division (the generic kernel keeps the division);
 // - two vectors per lane (NV = 2): half the per-lane work that does not grow with the
@@ -34,8 +34,9 @@
 // the same correctly rounded number), then CUDA's satfinite fp32 -> e4m3 conversion, vLLM's
 // (fp8_e4m3.cuh): every NaN code 0x7f. The module is compiled with --fmad=false so no product
 // is ever contracted. +-inf in k: its quant block's scale is inf, its finite values +-0 and the
-// infs 0x7f (inf / inf), as vLLM writes. NaN in k: its quant block gets a NaN scale and 0x7f
-// values (vLLM's fmaxf leaves NaNs out of amax instead: only the NaNs are 0x7f there).
+// infs 0x7f (inf / inf), as vLLM writes. NaN in k: left out of its quant block's amax, as
+// vLLM's fmaxf leaves it out (a block of NaNs has amax 0), the NaNs written 0x7f; the fast
+// reduction lets a NaN win, and a block where one did reduces again (ng_pass_amax).
 // Slots < 0 are padding; slots >= num_slots are skipped, and reported in debug mode.
 // NG_SOFT_FP8=1 builds the integer fp8 encoder (sm_80/86's) for every arch, so that tests run
 // it on newer GPUs too (tests/helpers/builds.py).
@@ -53,19 +54,34 @@ static inline u32 ng_vmaxu2(u32 a, u32 b) {
 }
 #endif
 
+// NaN-safe keys of a word's two 16-bit elements: (magnitude + off) mod 2^15 per half, where off
+// = 2^15 - (inf's bits + 1) (bf16 0x7f, fp16 0x3ff). A half's sum stays below 2^16, so no carry
+// crosses into the other half. The non-NaNs keep their order (keys off .. 0x7fff), every NaN
+// wraps below them (keys 0 .. off - 1).
+__device__ __forceinline__ u32 ng_nan_keys2(u32 w, u32 off) {
+    return ((w & 0x7fff7fffu) + (off * 0x10001u)) & 0x7fff7fffu;
+}
+// Back to magnitude bits per half: key - off, and 0 for the NaN keys below off.
+__device__ __forceinline__ u32 ng_unkey2(u32 x, u32 off) {
+    return ng_vmaxu2(x, off * 0x10001u) - off * 0x10001u;
+}
+
 struct Bf16 { enum { SIZE = 2 }; };
 struct F16 { enum { SIZE = 2 }; };
 struct F32 { enum { SIZE = 4 }; };
 
 
 // Per element type: the elements of a 32-bit word as fp32 (exact for every type), one element
-// from memory, and amax keys. A key orders like |x| with NaN above inf, so a max over keys
-// propagates a NaN as torch's amax does. 16-bit types keep two keys per word (their
-// magnitude bits), so one __vmaxu2 merges two and two passes share each shuffle:
-//   acc(a, w)    folds a word of k into a lane's accumulator a (starts at 0);
+// from memory, and amax keys. 16-bit types keep two keys per word (their magnitude bits), so
+// one __vmaxu2 merges two and two passes share each shuffle. Two kinds of key:
+//   acc(a, w)        folds a word of k into a lane's accumulator a (starts at 0): the magnitude
+//                    bits, which order like |x| with a NaN above inf (the fast pass);
+//   acc_nansafe(a, w) the same with NaN-safe keys, (magnitude + off) mod 2^15 (2^31 for fp32,
+//                    off = 2^31 - inf's bits - 1): |x|'s order for the non-NaNs, NaNs below all;
+//   unkey(x)         NaN-safe keys back to magnitude bits, a NaN (or no element) as 0;
 //   pair(a, b)   the keys of two passes' accumulators in one word (KEYS of them);
 //   merge(x, y)  the max of two such words;
-//   bits(x, i)   the fp32 bits of key i of x: the amax.
+//   bits(x, i)   the fp32 bits of magnitude key i of x: the amax.
 template <typename T> struct Load;
 template <> struct Load<Bf16> {
     enum { PER_WORD = 2, KEYS = 2 };
@@ -77,6 +93,8 @@ template <> struct Load<Bf16> {
         return __uint_as_float((u32)__ldg(reinterpret_cast<const unsigned short*>(p)) << 16);
     }
     static __device__ __forceinline__ u32 acc(u32 a, u32 w) { return ng_vmaxu2(a, w & 0x7fff7fffu); }
+    static __device__ __forceinline__ u32 acc_nansafe(u32 a, u32 w) { return ng_vmaxu2(a, ng_nan_keys2(w, 0x7fu)); }
+    static __device__ __forceinline__ u32 unkey(u32 x) { return ng_unkey2(x, 0x7fu); }
     static __device__ __forceinline__ u32 pair(u32 a, u32 b) {
         return ng_vmaxu2(__byte_perm(a, b, 0x5410), __byte_perm(a, b, 0x7632));
     }
@@ -93,6 +111,8 @@ template <> struct Load<F16> {
         return ng_half_to_float(__ldg(reinterpret_cast<const unsigned short*>(p)));
     }
     static __device__ __forceinline__ u32 acc(u32 a, u32 w) { return ng_vmaxu2(a, w & 0x7fff7fffu); }
+    static __device__ __forceinline__ u32 acc_nansafe(u32 a, u32 w) { return ng_vmaxu2(a, ng_nan_keys2(w, 0x3ffu)); }
+    static __device__ __forceinline__ u32 unkey(u32 x) { return ng_unkey2(x, 0x3ffu); }
     static __device__ __forceinline__ u32 pair(u32 a, u32 b) {
         return ng_vmaxu2(__byte_perm(a, b, 0x5410), __byte_perm(a, b, 0x7632));
     }
@@ -106,6 +126,10 @@ template <> struct Load<F32> {
     static __device__ __forceinline__ void unpack(u32 w, float* f) { f[0] = __uint_as_float(w); }
     static __device__ __forceinline__ float one(const u8* p) { return __ldg(reinterpret_cast<const float*>(p)); }
     static __device__ __forceinline__ u32 acc(u32 a, u32 w) { return max(a, w & 0x7fffffffu); }
+    static __device__ __forceinline__ u32 acc_nansafe(u32 a, u32 w) {
+        return max(a, ((w & 0x7fffffffu) + 0x7fffffu) & 0x7fffffffu);
+    }
+    static __device__ __forceinline__ u32 unkey(u32 x) { return max(x, 0x7fffffu) - 0x7fffffu; }
     static __device__ __forceinline__ u32 pair(u32 a, u32) { return a; }
     static __device__ __forceinline__ u32 merge(u32 x, u32 y) { return max(x, y); }
     static __device__ __forceinline__ u32 bits(u32 x, int) { return x; }
@@ -117,23 +141,23 @@ __device__ __forceinline__ void ng_words(const uint2& v, u32* w) { w[0] = v.x; w
 
 // A quant block's scale from its amax bits, and for UE8M0 the factor that takes values to
 // the fp8 range: inv = 2^-e for a finite scale 2^e (exact: e lies in [-22, 120]), 0 for an
-// inf scale and NaN for a NaN one, so that x * inv is exactly what x / scale gives (finite
-// x / inf = +-0, inf / inf = NaN, x / NaN = NaN) and no value needs a division.
+// inf scale, so that x * inv is exactly what x / scale gives (finite x / inf = +-0,
+// inf / inf = NaN) and no value needs a division.
 template <bool UE8M0>
 __device__ __forceinline__ void ng_block_scale(u32 amax_bits, float& scale, float& inv) {
-    // max(amax, 1e-4f) on the bits (magnitudes order as integers; a NaN stays NaN, as in
-    // torch.clamp); 0x38d1b717 is (float)1e-4, what torch.clamp(min=1e-4) compares with.
+    // max(amax, 1e-4f) on the bits (magnitudes order as integers; amax is never a NaN);
+    // 0x38d1b717 is (float)1e-4, what torch.clamp(min=1e-4) compares with.
     const u32 a = max(amax_bits, 0x38d1b717u);
-    const bool inf = a == 0x7f800000u, nan = a > 0x7f800000u;
+    const bool inf = a == 0x7f800000u;
     if (UE8M0) {
         // The smallest power of two >= a / 448 (rounded), from a's bits alone: 2^(E-8) while
         // a's significand is <= 1.75, else 2^(E-7) (checked for every a in [1e-4, FLT_MAX]).
         const u32 r = ng_pow2_above_div448(a);
-        scale = __uint_as_float(nan ? 0x7fffffffu : inf ? a : r);
-        inv = __uint_as_float(nan ? 0x7fffffffu : inf ? 0u : ng_pow2_inverse(r));
+        scale = __uint_as_float(inf ? a : r);
+        inv = __uint_as_float(inf ? 0u : ng_pow2_inverse(r));
     } else {
-        scale = inf ? __uint_as_float(a) : ng_div448(__uint_as_float(a));  // NaN: the GPU's NaN
-        inv = __frcp_rn(scale);  // RN(1 / scale): 0 for an inf scale, NaN for a NaN one
+        scale = inf ? __uint_as_float(a) : ng_div448(__uint_as_float(a));
+        inv = __frcp_rn(scale);  // RN(1 / scale): 0 for an inf scale
     }
 }
 
@@ -142,7 +166,7 @@ __device__ __forceinline__ void ng_block_scale(u32 amax_bits, float& scale, floa
 // the exact fma residual rounds it correctly (Markstein) wherever the fp8 code can depend on it
 // (quotients down to 2^-126; below, every candidate converts to the same signed zero). The
 // residual 0 keeps q itself (an exact quotient, -0 included). An inf scale (rscale 0) leaves
-// q = x * 0, as x / inf; a NaN one gives NaN. Checked code for code against the IEEE quotient
+// q = x * 0, as x / inf. Checked code for code against the IEEE quotient
 // for every bf16 and fp16 x of every block a bf16 or fp16 amax allows.
 __device__ __forceinline__ float ng_div_plain(float x, float rscale, float inv) {
     const float q = __fmul_rn(x, inv);
@@ -263,6 +287,54 @@ __device__ __forceinline__ void ng_write_passes(const QuantParams& p, const Pass
     }
 }
 
+// The amax bits of each pass's quant block, in every lane of it: the lane's keys, xor shuffles
+// inside its group of lanes, then, only when the quant block is wider than a group,
+// shared-memory atomicMax across the groups. NANSAFE: NaNs left out (else a NaN's key wins).
+template <typename T, int NW, int U, bool NANSAFE>
+__device__ __forceinline__ void ng_pass_amax(const u32 (&w)[U][NW], int group, int qlanes, const FastDiv& qdiv,
+                                             u32 (&s_amax)[U][NG_THREADS], u32 (&amax)[U]) {
+    typedef Load<T> L;
+    enum { NK = (U + L::KEYS - 1) / L::KEYS };
+    u32 key[NK];
+#pragma unroll
+    for (int k = 0; k < NK; ++k) {
+        u32 acc[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < L::KEYS; ++j) {
+            if (k * L::KEYS + j < U) {
+#pragma unroll
+                for (int i = 0; i < NW; ++i) {
+                    acc[j] = NANSAFE ? L::acc_nansafe(acc[j], w[k * L::KEYS + j][i]) : L::acc(acc[j], w[k * L::KEYS + j][i]);
+                }
+            }
+        }
+        key[k] = L::pair(acc[0], acc[1]);
+    }
+    for (int off = 1; off < group; off <<= 1) {
+#pragma unroll
+        for (int k = 0; k < NK; ++k) key[k] = L::merge(key[k], __shfl_xor_sync(0xffffffffu, key[k], off));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const u32 x = key[u / L::KEYS];
+        amax[u] = L::bits(NANSAFE ? L::unkey(x) : x, u % L::KEYS);
+    }
+    if (group < qlanes) {  // quant block wider than a group (uniform: depends on params only)
+        const int tid = threadIdx.x;
+        const int g = qdiv(tid);  // (token, quant block) within the pass
+#pragma unroll
+        for (int u = 0; u < U; ++u) s_amax[u][tid] = 0u;
+        __syncthreads();
+        if ((tid & (group - 1)) == 0) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) atomicMax(&s_amax[u][g], amax[u]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < U; ++u) amax[u] = s_amax[u][g];
+    }
+}
+
 // The vector kernels' body for NV vectors (VB bytes each, adjacent) per lane, UNROLL tokens
 // per lane; see the top.
 template <typename T, int VB, int NV, int UNROLL>
@@ -273,7 +345,6 @@ __device__ __forceinline__ void quant_vec_impl(const QuantParams& p) {
         NW = NV * VB / 4,           // words of k per lane and pass
         ELEMS = NV * VB / T::SIZE,  // elements per lane and pass
         U = UNROLL / NV,            // passes: UNROLL * tokens_per_pass tokens per block for any NV
-        NK = (U + L::KEYS - 1) / L::KEYS
     };
     __shared__ u32 s_amax[U][NG_THREADS];
 
@@ -313,38 +384,15 @@ __device__ __forceinline__ void quant_vec_impl(const QuantParams& p) {
     }
 
     // Every thread takes part in the reductions (full-warp shuffles, block barriers).
-    u32 key[NK];
-#pragma unroll
-    for (int k = 0; k < NK; ++k) {
-        u32 acc[2] = {0u, 0u};
-#pragma unroll
-        for (int j = 0; j < L::KEYS; ++j) {
-            if (k * L::KEYS + j < U) {
-#pragma unroll
-                for (int i = 0; i < NW; ++i) acc[j] = L::acc(acc[j], w[k * L::KEYS + j][i]);
-            }
-        }
-        key[k] = L::pair(acc[0], acc[1]);
-    }
-    for (int off = 1; off < group; off <<= 1) {
-#pragma unroll
-        for (int k = 0; k < NK; ++k) key[k] = L::merge(key[k], __shfl_xor_sync(0xffffffffu, key[k], off));
-    }
     u32 amax[U];
+    ng_pass_amax<T, NW, U, false>(w, group, qlanes, qdiv, s_amax, amax);
+    // NaNs are left out of amax (vLLM's fmaxf): the rare quant block that met one makes its warp
+    // (its block, when the reduction crossed warps) reduce again with NaN-safe keys.
+    bool nan = false;
 #pragma unroll
-    for (int u = 0; u < U; ++u) amax[u] = L::bits(key[u / L::KEYS], u % L::KEYS);
-    if (group < qlanes) {  // quant block wider than a group (uniform: depends on params only)
-        const int g = qdiv(tid);  // (token, quant block) within the pass
-#pragma unroll
-        for (int u = 0; u < U; ++u) s_amax[u][tid] = 0u;
-        __syncthreads();
-        if ((tid & (group - 1)) == 0) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) atomicMax(&s_amax[u][g], amax[u]);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < U; ++u) amax[u] = s_amax[u][g];
+    for (int u = 0; u < U; ++u) nan |= amax[u] > 0x7f800000u;
+    if (group < qlanes ? __syncthreads_or(nan) != 0 : __ballot_sync(0xffffffffu, nan) != 0u) {
+        ng_pass_amax<T, NW, U, true>(w, group, qlanes, qdiv, s_amax, amax);
     }
 
     const int q = qdiv(c);
@@ -401,7 +449,10 @@ __device__ __forceinline__ void quant_any(const QuantParams& p) {
     }
     const u8* src = p.k + tok * p.k_row_stride + (i64)q * qbs * T::SIZE;
     u32 amax = 0u;
-    for (int e = 0; e < qbs; ++e) amax = max(amax, __float_as_uint(Load<T>::one(src + e * T::SIZE)) & 0x7fffffffu);
+    for (int e = 0; e < qbs; ++e) {
+        const u32 m = __float_as_uint(Load<T>::one(src + e * T::SIZE)) & 0x7fffffffu;
+        if (m <= 0x7f800000u) amax = max(amax, m);  // NaNs left out
+    }
     i64 blk;
     int off;
     ng_split_slot(s, FastDiv(p.block_size), blk, off);

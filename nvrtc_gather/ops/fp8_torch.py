@@ -14,3 +14,10 @@ def fp8_codes(q: torch.Tensor) -> torch.Tensor:
     # inf / inf is negative): clamp first (a NaN stays NaN through clamp), then set NaN codes.
     codes = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
     return torch.where(torch.isnan(q), torch.full_like(codes, FP8_NAN), codes)
+
+
+def amax_without_nan(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the last dimension with NaNs left out (0 where every value is a NaN): what
+    vLLM's cache kernels compute with fmaxf, which returns its other operand for a NaN."""
+    mag = x.abs()
+    return torch.where(torch.isnan(mag), torch.zeros_like(mag), mag).amax(dim=-1)

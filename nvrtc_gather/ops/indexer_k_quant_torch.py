@@ -1,6 +1,7 @@
 """indexer_k_quant_and_cache in vectorized torch: the CPU path of the op, byte for byte what
-the kernel writes (NaN codes 0x7f and NaN scales 0x7fffffff, as the GPU's). Device-agnostic (the GPU tests and the benchmark also run it on CUDA
-tensors, where its checks cost host syncs).
+the kernel writes (NaNs left out of each quant block's amax, every NaN code 0x7f, as vLLM's
+kernel writes). Device-agnostic (the GPU tests and the benchmark also run it on CUDA tensors,
+where its checks cost host syncs).
 
 Unlike the kernel it can afford to look at slot_mapping, so it raises ValueError on a slot
 past the cache before writing anything. Two tokens mapped to one slot: which one lands
@@ -10,12 +11,11 @@ from __future__ import annotations
 import torch
 
 from . import index_checks, paged_layout
-from .fp8_torch import fp8_codes
+from .fp8_torch import amax_without_nan, fp8_codes
 
 _EXP = 0x7F800000     # fp32 exponent bits
 _MANT = 0x7FFFFF      # fp32 mantissa bits
 _HIGH = -0x800000     # int32 0xff800000: sign and exponent
-_GPU_NAN = torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32)  # the GPU's canonical NaN
 
 
 def block_scales(amax: torch.Tensor, ue8m0: bool) -> torch.Tensor:
@@ -44,9 +44,8 @@ def quant_torch(plan, k, kv_cache, slot_mapping) -> None:
     hd, qbs = plan.head_dim, plan.quant_block_size
     nq = hd // qbs
     x = k[rows].float().view(-1, nq, qbs)
-    scale = block_scales(x.abs().amax(dim=-1), plan.ue8m0)
+    scale = block_scales(amax_without_nan(x), plan.ue8m0)
     vals = fp8_codes(x / scale.unsqueeze(-1)).view(-1, hd)
-    scale = torch.where(torch.isnan(scale), _GPU_NAN, scale)  # NaN payloads as the GPU's
 
     bs = plan.block_size
     k_dst, s_dst = paged_layout.views(kv_cache, plan.num_blocks, bs, plan.block_stride, hd, nq)

@@ -11,7 +11,7 @@ import torch
 
 from ..kernels import mla_cache as spec
 from . import index_checks
-from .fp8_torch import fp8_codes
+from .fp8_torch import amax_without_nan, fp8_codes
 
 _FLT_MIN = 1.17549435e-38
 _BF16_NAN = 0x7FFF   # the GPU's canonical bf16 NaN (cvt.rn.bf16x2.f32)
@@ -40,9 +40,7 @@ def ds_records(kv_c: torch.Tensor, k_pe: torch.Tensor | None, pow2: bool) -> tor
     bytes 528-655 are zeros, and not written by the caller)."""
     n = kv_c.shape[0]
     x = kv_c.float().view(n, 4, spec.TILE)
-    mag = x.abs()
-    amax = torch.where(torch.isnan(mag), torch.zeros_like(mag), mag).amax(dim=-1)  # NaNs left out (vLLM's fmaxf)
-    scale = tile_scales(amax, pow2)
+    scale = tile_scales(amax_without_nan(x), pow2)
     rec = torch.zeros(n, spec.RECORD_BYTES, dtype=torch.uint8, device=kv_c.device)
     rec[:, :spec.NOPE] = fp8_codes(x / scale.unsqueeze(-1)).view(n, spec.NOPE)
     rec[:, spec.SCALES_AT:spec.ROPE_AT] = scale.contiguous().view(torch.uint8)

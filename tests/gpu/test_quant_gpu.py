@@ -358,7 +358,7 @@ def test_inf_blocks_match_the_torch_path_on_the_gpu(module, fmt):
 
 def test_inf_and_nan_bytes_equal_the_cpu_paths():
     """The op on the GPU and on the CPU write the same bytes for +-inf and NaN of either sign in
-    k, NaN scales included (the CPU path writes the GPU's canonical NaN)."""
+    k (NaNs left out of amax on both)."""
     g = torch.Generator().manual_seed(8)
     for dt in (BF16, torch.float16, torch.float32):
         for fmt in ("ue8m0", "fp8_e4m3"):
@@ -377,17 +377,32 @@ def test_inf_and_nan_bytes_equal_the_cpu_paths():
 @pytest.mark.parametrize("module", [None, QUANT_SOFT_FP8], ids=["op", "soft_fp8"])  # None: the op's own build
 @pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
 def test_nan_blocks(module, fmt):
-    """A quant block holding a NaN: its scale is a NaN and its values NaN codes, 0x7f (as
-    __nv_cvt_float_to_fp8 writes any NaN); every other block is exact."""
+    """NaNs in k are left out of their quant block's amax, as vLLM's fmaxf leaves them out: the
+    block is scaled by its other values and the NaN written 0x7f (as __nv_cvt_float_to_fp8
+    writes any NaN); a block of NaNs only has amax 0; a NaN beside an inf gives amax inf. Every
+    byte is the torch path's, and no scale is a NaN."""
     def poke(k):
         k[7, 10] = float("nan")
+        k[8, :64] = float("nan")
+        k[9, 70], k[9, 71] = -float("nan"), float("inf")
 
     kv, want, slots = _special_values_run(module, fmt, seed=4, tokens=32, num_blocks=4, poke=poke)
-    s = int(slots[7])
-    base = s // 16 * 16 * 136  # token 7's block; its quant block 0 holds the NaN
-    vals, scale = slice(base + s % 16 * 128, base + s % 16 * 128 + 64), slice(base + 16 * 128 + s % 16 * 8,
-                                                                          base + 16 * 128 + s % 16 * 8 + 4)
-    got, exp = kv.view(-1), want.view(-1)
-    assert bool((got[vals] == 0x7f).all()) and bool(torch.isnan(got[scale].view(torch.float32)).all())
-    got[vals], got[scale] = exp[vals], exp[scale]
-    assert torch.equal(got, exp), _first_diffs(got, exp)
+    assert torch.equal(kv, want), _first_diffs(kv.view(-1), want.view(-1))
+    flat = kv.view(-1)
+
+    def at(token, col):  # (value byte, scale bytes) of token's element col
+        s = int(slots[token])
+        base = s // 16 * 16 * 136
+        sc = base + 16 * 128 + s % 16 * 8 + 4 * (col // 64)
+        return base + s % 16 * 128 + col, flat[sc:sc + 4].view(torch.float32).item()
+
+    v, scale = at(7, 10)
+    assert int(flat[v]) == 0x7F
+    g = torch.Generator(device="cuda").manual_seed(4)
+    k7 = torch.randn(32, 128, device="cuda", generator=g).to(BF16)[7, :64].float()
+    k7[10] = 0.0
+    assert scale == block_scales(k7.abs().amax().view(1), fmt == "ue8m0").item()
+    assert at(8, 0)[1] == block_scales(torch.zeros(1, device="cuda"), fmt == "ue8m0").item()
+    assert at(9, 70)[1] == float("inf")
+    scales = kv.view(4, -1)[:, 16 * 128:].contiguous().view(torch.float32).view(4, 16, 2)[slots // 16, slots % 16]
+    assert not bool(torch.isnan(scales).any())

@@ -120,12 +120,22 @@ struct EmuBlock {
     std::barrier<> block{NG_EMU_THREADS};
     std::vector<std::barrier<>*> warps;
     unsigned int lanes[NG_EMU_THREADS];
+    int votes[NG_EMU_THREADS];
     EmuBlock() { for (int w = 0; w < NG_EMU_THREADS / 32; ++w) warps.push_back(new std::barrier<>(32)); }
     ~EmuBlock() { for (auto* w : warps) delete w; }
 };
 static EmuBlock* emu_block;
 
 static void __syncthreads() { emu_block->block.arrive_and_wait(); }
+// A barrier that also returns whether pred was non-zero in any thread of the block.
+static int __syncthreads_or(int pred) {
+    emu_block->votes[threadIdx.x] = pred != 0;
+    emu_block->block.arrive_and_wait();
+    int r = 0;
+    for (int t = 0; t < NG_EMU_THREADS; ++t) r |= emu_block->votes[t];
+    emu_block->block.arrive_and_wait();  // every thread has read the votes before the next call
+    return r;
+}
 static unsigned int __shfl_xor_sync(unsigned int mask, unsigned int v, int lane_mask) {
     if (mask != 0xffffffffu) throw "only full-warp shuffles are emulated";
     const unsigned int t = threadIdx.x, warp = t / 32;

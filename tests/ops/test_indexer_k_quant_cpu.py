@@ -393,18 +393,34 @@ def test_inf_in_k_writes_vllms_bytes(fmt, dtype):
 
 
 @pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
-def test_nan_in_k_writes_0x7f_codes_and_the_gpus_nan_scale(fmt):
-    k = torch.randn(2, 128, generator=torch.Generator().manual_seed(10))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_nan_in_k_is_left_out_of_amax_as_vllms_fmaxf_does(fmt, dtype):
+    """vLLM's kernel takes amax with fmaxf, which returns the other operand for a NaN: the NaNs
+    of a quant block are left out of its amax (a block of NaNs has amax 0: scale 1e-4 / 448),
+    its other values are quantized as if the NaNs were zeros, and the NaNs are 0x7f."""
+    k = torch.randn(4, 128, generator=torch.Generator().manual_seed(10)).to(DTYPES[dtype])
     k[0, 5] = float("nan")
     k[1, 100] = -float("nan")  # a negative NaN: x86 keeps its sign, the GPU does not
-    kv = torch.zeros(1, 16, 136, dtype=torch.uint8)
-    ng.indexer_k_quant_and_cache(k, kv, torch.tensor([3, 7]), 64, fmt)
+    k[2, :64] = float("nan")   # a quant block of NaNs only
+    k[3, 70], k[3, 71] = float("nan"), float("inf")  # a NaN beside an inf: amax inf
+    kv = torch.full((1, 16, 136), 0xA5, dtype=torch.uint8)
+    ng.indexer_k_quant_and_cache(k, kv, torch.tensor([3, 7, 9, 11]), 64, fmt)
     vals = kv[0].view(-1)[:16 * 128].view(16, 128)
-    scales = kv[0].view(-1)[16 * 128:].view(16, 2, 4)
-    assert bool((vals[3, :64] == 0x7F).all()) and bool((vals[7, 64:] == 0x7F).all())
-    for row, q in ((3, 0), (7, 1)):
-        assert scales[row, q].view(torch.int32).item() == 0x7FFFFFFF
-    assert not bool((vals[3, 64:] == 0x7F).all()) and not bool((vals[7, :64] == 0x7F).all())
+    scales = kv[0].view(-1)[16 * 128:].view(16, 2, 4).view(torch.float32).view(16, 2)
+    nans = torch.isnan(k.float())
+    ref = torch.full_like(kv, 0xA5)  # the same rows with their NaNs zeroed
+    ng.indexer_k_quant_and_cache(torch.where(nans, torch.zeros_like(k), k), ref, torch.tensor([3, 7, 9, 11]), 64, fmt)
+    ref_vals = ref[0].view(-1)[:16 * 128].view(16, 128)
+    ref_scales = ref[0].view(-1)[16 * 128:].view(16, 2, 4).view(torch.float32).view(16, 2)
+    rows = torch.tensor([3, 7, 9, 11])
+    assert not bool(torch.isnan(scales[rows]).any())
+    assert torch.equal(scales[rows], ref_scales[rows])
+    assert torch.equal(vals[rows][nans], torch.full((int(nans.sum()),), 0x7F, dtype=torch.uint8))
+    assert torch.equal(vals[rows][~nans], ref_vals[rows][~nans])
+    want_floor = 1e-4 / 448 if fmt == "fp8_e4m3" else 2.0 ** -22  # the block of NaNs: amax 0
+    assert scales[9, 0].item() == torch.tensor(want_floor, dtype=torch.float32).item()
+    assert scales[11, 1].item() == float("inf")
+    assert bool((vals[3, 64:] != 0x7F).any()) and bool((vals[7, :64] != 0x7F).any())
 
 
 def test_largest_values_saturate_nowhere_and_match_an_independent_reference():
