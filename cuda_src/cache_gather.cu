@@ -18,6 +18,8 @@
 //  3. All threads move the rows: VEC-byte loads, UNROLL in flight per thread, each load's
 //     converted VEC * out-size bytes written in SVEC-byte stores. A thread's (row, column)
 //     advances by a constant step, so only its first needs a division.
+// Small calls (at most two rows per warp of the GPU's SMs, the host's choice) run
+// cache_gather_tiny instead: one warp per row and no barrier (see there).
 // Index values are untrusted: any int32 in cu_seq_lens, seq_starts and block_table leaves
 // every access in bounds; rows whose indices are bad are skipped, and reported in debug mode.
 #include "cache_gather_params.cuh"
@@ -95,6 +97,26 @@ __device__ __forceinline__ void store_words(u8* dst, const u32* w) {
     }
 }
 
+// Output bytes per source byte: 1 for a copy, 2 for bf16 / fp16, 4 for fp32.
+__device__ constexpr int out_size(int out) { return out == 0 ? 1 : (out == 3 ? 4 : 2); }
+
+// One VEC-byte load of the source (v) to dst (SVEC-aligned): copied, or converted from fp8
+// (VEC * OSZ bytes, OSZ output bytes per code).
+template <int VEC, int FP8, int OUT, int SVEC, typename V>
+__device__ __forceinline__ void put_vec(u8* dst, const V& v, float scale) {
+    constexpr int OSZ = out_size(OUT);
+    u32 w[VEC / 4], o[VEC * OSZ / 4];
+    ng_words(v, w);
+    if constexpr (FP8 == 0) {
+#pragma unroll
+        for (int i = 0; i < VEC / 4; ++i) o[i] = w[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC / 4; ++i) convert4<FP8, OUT>(w[i], scale, o + i * OSZ);
+    }
+    store_words<VEC * OSZ / 4, SVEC>(dst, o);
+}
+
 // The (block, slot) a row reads, or block -1: a row no request owns (untouched) or one whose
 // indices are bad (skipped; reported in debug mode). r: the row's request by the search.
 __device__ __forceinline__ int2 locate_row(const CacheGatherParams& p, int row, int r) {
@@ -127,7 +149,7 @@ __device__ __forceinline__ int2 locate_row(const CacheGatherParams& p, int row, 
 template <int VEC, int FP8, int OUT, int UNROLL, int SVEC>
 __device__ __forceinline__ void cache_gather_body(const CacheGatherParams& p) {
     typedef typename Vec<VEC>::T V;
-    constexpr int OSZ = OUT == 0 ? 1 : (OUT == 3 ? 4 : 2);  // output bytes per source byte
+    constexpr int OSZ = out_size(OUT);
     __shared__ int2 s_loc[NG_THREADS];  // (block id, slot) of each row; block -1 = skip
     __shared__ int s_req[2];            // requests of the block's first and last rows
 
@@ -176,17 +198,84 @@ __device__ __forceinline__ void cache_gather_body(const CacheGatherParams& p) {
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            if (dst[u] < 0) continue;
-            u32 w[VEC / 4], o[VEC * OSZ / 4];
-            ng_words(v[u], w);
-            if constexpr (FP8 == 0) {
-#pragma unroll
-                for (int i = 0; i < VEC / 4; ++i) o[i] = w[i];
+            if (dst[u] >= 0) put_vec<VEC, FP8, OUT, SVEC>(p.dst + dst[u], v[u], scale);
+        }
+    }
+}
+
+// Small calls, where latency is all there is: one warp per row, NG_THREADS / 32 rows per
+// block, no shared memory and no barrier. With at most 32 requests, the lanes load alongside
+// the search of cu_seq_lens (one ballot) each request's first position (seq_starts) and a
+// window of block_table: the first W columns of every request, W = 32 / batch rounded down to
+// a power of two (lane L: request L / W, column L % W). A row whose column lies inside the
+// window takes its block id by shuffle, so its bytes are two dependent DRAM trips away
+// (indices, then data) instead of four (search, seq_starts, block_table, data); outside it,
+// three. Each lane issues all its loads of the row (up to UNROLL) before any store.
+// The checks and reports are locate_row's; taken branches between the trips cost more than
+// straight-line arithmetic, so they are folded into one.
+template <int VEC, int FP8, int OUT, int UNROLL, int SVEC>
+__device__ __forceinline__ void cache_gather_tiny(const CacheGatherParams& p) {
+    typedef typename Vec<VEC>::T V;
+    constexpr int OSZ = out_size(OUT);
+    if (p.error != 0 && blockIdx.x == 0) check_cu_order(p);
+    const int lane = threadIdx.x & 31;
+    const u32 urow = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
+    if (urow >= (u32)p.num_rows) return;  // the whole warp; unsigned: the grid may pass INT32_MAX
+    const int row = (int)urow;
+    const i32* cu = p.cu_seq_lens;
+    const float scale = FP8 ? __ldg(p.scale) : 1.0f;
+    // wlog = log2(W), -1 without a window (more than 32 requests).
+    const int wlog = p.batch <= 32 ? 5 - (32 - __clz(p.batch - 1)) : -1;
+    int window = -1, first = 0, r;
+    if (wlog >= 0) {  // ng_ldg_now: issued here, with the search, not where they are used
+        const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
+        if (k < p.batch && c < p.max_blocks) window = ng_ldg_now(p.block_table + (i64)k * p.bt_row_stride + c);
+        if (p.seq_starts && lane < p.batch) first = ng_ldg_now(p.seq_starts + lane);
+        const u32 m = __ballot_sync(0xffffffffu, lane < p.batch && __ldg(cu + lane) <= row);
+        r = m ? 31 - __clz(m) : 0;  // as warp_find_request: the last start <= row, else 0
+        first = __shfl_sync(0xffffffffu, first, r);
+    } else {
+        r = warp_find_request(cu, p.batch, row);
+        if (p.seq_starts) first = __ldg(p.seq_starts + r);
+    }
+    const int start = __ldg(cu + r);  // in L1: the search just loaded this line
+    const int stop = __ldg(cu + r + 1);
+    const u32 pos = (u32)first + ((u32)row - (u32)start);  // exact where checked (0 <= start <= row, first >= 0)
+    const u32 j = pos / (u32)p.block_size;
+    const bool owned = start <= row && row < stop;
+    const bool valid = owned && start >= 0 && first >= 0 && j < (u32)p.max_blocks;
+    const bool in_window = wlog >= 0 && j < (1u << wlog);
+    // Every lane shuffles (the warp has one row: uniform); the lane index only means something,
+    // and the value is only used, inside the window.
+    int b = __shfl_sync(0xffffffffu, window, (int)((((u32)r << (wlog & 31)) | j) & 31u));
+    if (!in_window && valid) b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
+    if (!(valid && b >= 0 && b < p.num_blocks)) {  // skip the row; say why in debug mode
+        if (lane == 0 && owned) {
+            if (start < 0) {
+                ng_report(p.error, NG_ERR_CU_NEGATIVE, r, start, 0);
+            } else if (first < 0) {
+                ng_report(p.error, NG_ERR_SEQ_START, r, first, 0);
+            } else if (j >= (u32)p.max_blocks) {
+                ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
             } else {
-#pragma unroll
-                for (int i = 0; i < VEC / 4; ++i) convert4<FP8, OUT>(w[i], scale, o + i * OSZ);
+                ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
             }
-            store_words<VEC * OSZ / 4, SVEC>(p.dst + dst[u], o);
+        }
+        return;
+    }
+    const V* src = reinterpret_cast<const V*>(p.src_cache + (i64)b * p.block_stride +
+                                              (i64)(pos - j * (u32)p.block_size) * p.entry_stride);
+    u8* dst = p.dst + (i64)row * p.dst_row_stride;
+    const int vpr = p.row_vecs;
+    for (int c0 = lane; c0 < vpr; c0 += 32 * UNROLL) {
+        V v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (c0 + 32 * u < vpr) v[u] = __ldg(src + c0 + 32 * u);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (c0 + 32 * u < vpr) put_vec<VEC, FP8, OUT, SVEC>(dst + (i64)(c0 + 32 * u) * (VEC * OSZ), v[u], scale);
         }
     }
 }

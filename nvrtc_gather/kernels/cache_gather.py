@@ -41,28 +41,37 @@ def unroll(conversion: str) -> int:
     return 4 * CONVERSIONS[conversion][2]
 
 
-def entry_name(conversion: str, vec: int, svec: int) -> str:
-    return f"cache_gather_{conversion}_l{vec}_s{svec}"
+def entry_name(conversion: str, vec: int, svec: int, tiny: bool = False) -> str:
+    return f"cache_gather_{conversion}_l{vec}_s{svec}{'_tiny' if tiny else ''}"
 
 
-def _module(conversion: str, widths: tuple[int, int], suffix: str) -> KernelModule:
+def _module(conversion: str, widths: tuple[int, int], suffix: str, tiny: bool = False) -> KernelModule:
     fp8, out, _ = CONVERSIONS[conversion]
+    body = "cache_gather_tiny" if tiny else "cache_gather_body"
     return KernelModule(
         name=f"cache_gather_{conversion}{suffix}", source="cache_gather.cu",
-        entries=(Entry(entry_name(conversion, *widths),
-                       f"cache_gather_body<{widths[0]}, {fp8}, {out}, {unroll(conversion)}, {widths[1]}>"),),
+        entries=(Entry(entry_name(conversion, *widths, tiny),
+                       f"{body}<{widths[0]}, {fp8}, {out}, {unroll(conversion)}, {widths[1]}>"),),
         params=PARAMS, label="cp_gather_cache or gather_and_maybe_dequant_cache" if conversion == "copy"
         else "gather_and_maybe_dequant_cache",
         options=_OPTIONS, threads=THREADS)
 
 
-# Two modules per conversion, one entry point each (a dequantizing entry point takes 0.3-0.6 s to
-# compile on a 2-core machine): the widest, which aligned tensors take, and ANY, compiled only
-# when a call's pointers or strides are not 16-byte aligned. An engine gathers one cache format
-# into one dtype, so its first call compiles one module.
+# Modules of one entry point each (a dequantizing entry point takes 0.3-0.6 s to compile on a
+# 2-core machine). Two per conversion for the tile kernel: the widest, which aligned tensors
+# take, and ANY, compiled only when a call's pointers or strides are not 16-byte aligned. One
+# more for small calls of aligned tensors: the tiny kernel (one warp per row). An engine
+# gathers one cache format into one dtype, so its calls compile two modules.
 MODULES = {(conv, w): _module(conv, w, "" if w != ANY else "_any")
            for conv in CONVERSIONS for w in (widest(conv), ANY)}
-register(*MODULES.values())
+TINY_MODULES = {conv: _module(conv, widest(conv), "_tiny", tiny=True) for conv in CONVERSIONS}
+register(*MODULES.values(), *TINY_MODULES.values())
+
+
+def module_for(conversion: str, widths: tuple[int, int], tiny: bool) -> KernelModule:
+    """The module of a call: the tiny kernel's for a small call whose tensors take the widest
+    accesses (use_tiny), else the tile kernel's of those widths."""
+    return TINY_MODULES[conversion] if tiny and widths == widest(conversion) else MODULES[conversion, widths]
 
 
 def load_width(bits: int, conversion: str) -> int:
@@ -95,6 +104,13 @@ def rows_per_cta(row_bytes: int, num_rows: int, sm_count: int) -> int:
     most = max(1, min(THREADS, BYTES_PER_CTA // row_bytes))
     spread = -(-num_rows // (2 * sm_count))
     return max(1, min(most, max(MIN_ROWS_PER_CTA, spread)))
+
+
+def use_tiny(row_bytes: int, num_rows: int, sm_count: int) -> bool:
+    """Small calls run the tiny kernel: those whose rows_per_cta is at its floor of one row per
+    warp (at most two blocks of WARPS rows per SM) and whose rows fit the tile kernel's bytes
+    at that floor."""
+    return num_rows <= 2 * sm_count * MIN_ROWS_PER_CTA and MIN_ROWS_PER_CTA * row_bytes <= BYTES_PER_CTA
 
 
 def grid(num_rows: int, rows: int) -> int:

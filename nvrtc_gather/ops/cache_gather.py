@@ -60,6 +60,7 @@ class CacheGatherPlan(NamedTuple):
     cu_ptr: int
     seq_ptr: int              # 0: no seq_starts
     scale_ptr: int            # 0: not read ("copy")
+    tiny: bool = False        # a small call: the tiny kernel where the widest accesses are taken
 
 
 # -- the full checks ---------------------------------------------------------------------------
@@ -173,7 +174,9 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
     plan = plan._replace(vec=vec, svec=svec)
     if plan.device < 0:
         return plan
-    return plan._replace(rows_per_cta=spec.rows_per_cta(row_bytes, num_rows, driver.sm_count(plan.device)))
+    sm_count = driver.sm_count(plan.device)
+    return plan._replace(rows_per_cta=spec.rows_per_cta(row_bytes, num_rows, sm_count),
+                         tiny=spec.use_tiny(row_bytes, num_rows, sm_count))
 
 
 def _alignment(src_ptr: int, dst_ptr: int) -> int:
@@ -233,9 +236,11 @@ def struct_fields(p: CacheGatherPlan) -> dict:
 
 
 def launch_config(p: CacheGatherPlan) -> LaunchConfig:
-    """The launch of a validated call with rows and requests."""
-    return LaunchConfig(spec.entry_name(p.conversion, p.vec, p.svec), spec.grid(p.num_rows, p.rows_per_cta),
-                        struct_fields(p))
+    """The launch of a validated call with rows and requests: the tiny kernel (one warp per row)
+    or the tile kernel (rows_per_cta rows per block)."""
+    m = spec.module_for(p.conversion, (p.vec, p.svec), p.tiny)
+    rows = spec.WARPS if m is spec.TINY_MODULES[p.conversion] else p.rows_per_cta
+    return LaunchConfig(m.kernels[0], spec.grid(p.num_rows, rows), struct_fields(p))
 
 
 def _layout(p: CacheGatherPlan, module=None) -> CacheGatherLayout:
@@ -243,7 +248,7 @@ def _layout(p: CacheGatherPlan, module=None) -> CacheGatherLayout:
     launches = {}
     for vec, svec in set(widths):
         cfg = launch_config(p._replace(vec=vec, svec=svec))
-        launches[vec, svec] = Launch(module or spec.MODULES[p.conversion, (vec, svec)], cfg.entry, cfg.grid,
+        launches[vec, svec] = Launch(module or spec.module_for(p.conversion, (vec, svec), p.tiny), cfg.entry, cfg.grid,
                                      spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     return CacheGatherLayout(p.device, p.scale_ptr != 0, widths, _extents(p), launches, {})
 
@@ -390,14 +395,17 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
           seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens")
 
 
-def prepared(op: str, *args, module=None, rows_per_cta=None):
+def prepared(op: str, *args, module=None, rows_per_cta=None, tiny=None):
     """The benchmark's and tests' hook: a no-argument function that runs this call of ``op``
     ("cp_gather_cache" or "gather_and_maybe_dequant_cache", its arguments as the op takes them;
-    CUDA tensors) exactly as the op does, optionally with another build (``module``) or
-    another rows-per-block choice."""
+    CUDA tensors) exactly as the op does, optionally with another build (``module``), another
+    rows-per-block choice (the tile kernel then, unless ``tiny``) or the kernel forced
+    (``tiny``: True, the tiny kernel where the widest accesses are taken; False, the tile one)."""
     plan = plan_for(op, *args)
     if rows_per_cta is not None:
-        plan = plan._replace(rows_per_cta=rows_per_cta)
+        plan = plan._replace(rows_per_cta=rows_per_cta, tiny=False)
+    if tiny is not None:
+        plan = plan._replace(tiny=tiny)
     layout = _layout(plan, module) if plan.num_rows and plan.batch else None
     ptrs = _pointers(plan)
 

@@ -13,6 +13,7 @@ request starting past row 0, T below cu_seq_lens[-1], several rows per block, 1.
 indices skipped (reported in debug mode). Arithmetic is the host's IEEE arithmetic with the
 kernel's own soft conversions: this checks indexing, struct layout and those conversions, not
 the GPU's instructions (tests/gpu/ does). Skipped without a C++20 compiler."""
+import itertools
 import random
 
 import pytest
@@ -37,12 +38,17 @@ def _op_args(case, op):
     return case.cp_args() if op == "cp_gather_cache" else case.dequant_args()
 
 
-def run_kernel(dll, case, op, rows_per_cta=None, widths=None, err=None):
+def run_kernel(dll, case, op, rows_per_cta=None, widths=None, err=None, tiny=None):
     """What the op does on a GPU for ``case`` (CPU tensors), with the kernel run by the
-    emulator; ``widths``: force that entry point. Returns the plan."""
+    emulator; ``widths``: force that entry point; ``rows_per_cta``: force the tile kernel with
+    that many rows per block; ``tiny``: force the tiny kernel (True) or the tile one (False).
+    Returns the plan."""
     plan = cache_gather.plan_for(op, *_op_args(case, op))
     rpc = rows_per_cta or spec.rows_per_cta(plan.row_bytes, plan.num_rows, H200_SMS)
-    plan = plan._replace(rows_per_cta=rpc, **({} if widths is None else dict(zip(("vec", "svec"), widths))))
+    if tiny is None:
+        tiny = rows_per_cta is None and spec.use_tiny(plan.row_bytes, plan.num_rows, H200_SMS)
+    plan = plan._replace(rows_per_cta=rpc, tiny=tiny,
+                         **({} if widths is None else dict(zip(("vec", "svec"), widths))))
     if plan.num_rows and plan.batch:
         cfg = cache_gather.launch_config(plan)
         emu_launch(dll, spec.PARAMS, cfg.entry, cfg.grid, cfg.fields, 0 if err is None else err.data_ptr())
@@ -57,19 +63,23 @@ def _first_diff(got, want, desc):
 
 def check(dll, make, op=None, rows_per_cta=None, widths=None, want_widths=None):
     """Emulated kernel == reference == CPU path, whole destination storage. ``make()`` builds
-    the case twice (one for each path)."""
+    the case once for each path. Without a forced rows_per_cta, both kernels run it: the tile
+    kernel and the tiny one (one warp per row; the op's choice for small calls, where the
+    widest accesses are taken)."""
     case = make()
     op = op or ("cp_gather_cache" if case.conversion == "copy" else "gather_and_maybe_dequant_cache")
     want = reference(case)
     cpu = make()
     getattr(cache_gather, op)(*_op_args(cpu, op))
     assert torch.equal(cpu.dst_store, want), "CPU path: " + _first_diff(cpu.dst_store, want, case.desc)
-    plan = run_kernel(dll, case, op, rows_per_cta, widths)
-    if want_widths is not None:
-        assert (plan.vec, plan.svec) == want_widths, case.desc
-    assert torch.equal(case.dst_store, want), \
-        f"{op} {cache_gather.launch_config(plan).entry} rows_per_cta={plan.rows_per_cta}: " + \
-        _first_diff(case.dst_store, want, case.desc)
+    for tiny in ((False,) if rows_per_cta else (False, True)):
+        case = make()
+        plan = run_kernel(dll, case, op, rows_per_cta, widths, tiny=tiny)
+        if want_widths is not None:
+            assert (plan.vec, plan.svec) == want_widths, case.desc
+        assert torch.equal(case.dst_store, want), \
+            f"{op} {cache_gather.launch_config(plan).entry} rows_per_cta={plan.rows_per_cta}: " + \
+            _first_diff(case.dst_store, want, case.desc)
     return plan
 
 
@@ -145,13 +155,14 @@ def test_first_request_after_row_zero_and_t_below_the_total(emu):
 def test_bad_indices_are_skipped_and_reported(emu):
     """Block ids outside the cache, columns past max_blocks, negative seq_starts, a negative or
     decreasing cu_seq_lens: those rows are skipped (every other row is right), and debug mode
-    reports the first."""
-    rng = random.Random("bad")
-    for what in ("block_id", "column", "seq_start", "cu_negative", "cu_decreasing"):
-        case = make_case(rng, lens=[9, 12, 6, 10], conversion="e4m3_bf16", seq_starts=True, extra_rows=2)
+    reports the first; in both kernels."""
+    for what, tiny in itertools.product(("block_id", "column", "seq_start", "cu_negative", "cu_decreasing"),
+                                        (False, True)):
+        case = make_case(random.Random(f"bad-{what}"), lens=[9, 12, 6, 10], conversion="e4m3_bf16", seq_starts=True,
+                         extra_rows=2)
         cu = case.cu_seq_lens
         if what == "block_id":
-            case.block_table[1, 0] = 10**6
+            case.block_table[1, int(case.seq_starts[1]) // 16] = 10**6  # the first column request 1 reads
         elif what == "column":
             case.block_table = case.block_table[:, :1].contiguous()
         elif what == "seq_start":
@@ -161,8 +172,9 @@ def test_bad_indices_are_skipped_and_reported(emu):
         else:
             cu[2] = cu[1] - 3
         err = torch.zeros(4, dtype=torch.int64)
-        plan = run_kernel(emu, case, "gather_and_maybe_dequant_cache", err=err)
+        plan = run_kernel(emu, case, "gather_and_maybe_dequant_cache", err=err, tiny=tiny)
         assert int(err[0]) != 0, what
+        assert cache_gather.launch_config(plan).entry.endswith("_tiny") == tiny
         # every row holds one reading its (possibly malformed) indices allow, or stays poisoned
         # when they allow none
         dst = case.dst_store[:plan.num_rows * plan.dst_row_stride].view(plan.num_rows, -1)[:, :plan.dst_row_bytes]

@@ -134,14 +134,14 @@ def cache_gather_emu(tmp_path_factory):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-@pytest.mark.parametrize("conversion,widths", CACHE_GATHER_ENTRIES, ids=CACHE_GATHER_IDS)
-def test_cache_gather_index_fuzz(cache_gather_emu, conversion, widths, debug):
+@pytest.mark.parametrize("conversion,widths,tiny", CACHE_GATHER_ENTRIES, ids=CACHE_GATHER_IDS)
+def test_cache_gather_index_fuzz(cache_gather_emu, conversion, widths, tiny, debug):
     """Any int32 in cu_seq_lens, seq_starts and block_table (negative, huge, decreasing): only
     the given tensors are read (the scale only by the dequantizing entry points), a row is
     written only with a reading its indices allow (exactly it, for well-formed cu_seq_lens),
     nothing else in the arena changes; debug mode reports exactly when something is bad."""
     cases = [cache_gather_case(f"cache-gather-{conversion}-{widths}-{kind}-{rep}", kind, conversion, widths)
              for rep in range(CACHE_GATHER_REPEATS) for kind in CACHE_GATHER_KINDS]
-    outcomes = run_isolated(cache_gather_emu, [cache_gather_launch(c, widths, debug) for c in cases])
+    outcomes = run_isolated(cache_gather_emu, [cache_gather_launch(c, widths, debug, tiny) for c in cases])
     for c, outcome in zip(cases, outcomes):
         check_cache_gather(c, debug, outcome)

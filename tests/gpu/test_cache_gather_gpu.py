@@ -16,6 +16,7 @@ import nvrtc_gather as ng
 from nvrtc_gather.kernels import cache_gather as spec
 from nvrtc_gather.ops import cache_gather
 from nvrtc_gather.ops.cache_gather_torch import gather_torch
+from nvrtc_gather.ops.fast_path import LayoutMemo
 from helpers.cache_gather_reference import SENTINEL, make_case, ragged, to_device
 from helpers.reference import assert_no_allocation_on_a_side_stream
 
@@ -53,17 +54,31 @@ def check(case_cpu, op=None, want_widths=None):
     return plan
 
 
+@pytest.fixture(params=["tiny", "tile"])
+def small_kernel(request, monkeypatch):
+    """The kernel the op runs small calls with: its own choice, the tiny kernel (one warp per
+    row, where the widest accesses are taken), or ("tile") the tile kernel, by patching the
+    small-call policy (and a fresh layout memo, so no layout planned before is reused)."""
+    if request.param == "tile":
+        monkeypatch.setattr(spec, "use_tiny", lambda *a: False)
+    monkeypatch.setattr(cache_gather, "_layouts", LayoutMemo())
+    return request.param
+
+
 @pytest.mark.parametrize("conversion", CONVERSIONS)
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 @pytest.mark.parametrize("seq_starts", [False, True])
 @pytest.mark.parametrize("layout", ["aligned", "misaligned"])
-def test_matches_the_cpu_path_on_grid(conversion, block_size, seq_starts, layout):
+def test_matches_the_cpu_path_on_grid(conversion, block_size, seq_starts, layout, small_kernel):
     rng = random.Random(f"gpu-{conversion}-{block_size}-{seq_starts}-{layout}")
     kw = {} if layout == "aligned" else {"pad_row": 4 if conversion == "copy" else 2, "pad_entry": 4}
-    for lens, extra in ((ragged(rng, 9, 40), 5), ([0, 130, 0, 1, 64], 0), ([300], 3)):
+    for lens, extra in ((ragged(rng, 9, 40), 5), ([0, 130, 0, 1, 64], 0), ([300], 3), ([1000], 2),
+                        (ragged(rng, 33, 20), 1)):
         case = make_case(rng, lens=lens, block_size=block_size, conversion=conversion, seq_starts=seq_starts,
                          extra_rows=extra, **kw)
-        check(case, want_widths=spec.widest(conversion) if layout == "aligned" else spec.ANY)
+        plan = check(case, want_widths=spec.widest(conversion) if layout == "aligned" else spec.ANY)
+        tiny = cache_gather.launch_config(plan).entry.endswith("_tiny")
+        assert tiny == (small_kernel == "tiny" and layout == "aligned"), case.desc
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
@@ -147,7 +162,7 @@ def _faulty(what):
 
 
 @pytest.mark.parametrize("what", list(FAULTS))
-def test_bad_indices_are_skipped_and_reported_in_debug_mode(what, monkeypatch):
+def test_bad_indices_are_skipped_and_reported_in_debug_mode(what, monkeypatch, small_kernel):
     case = _faulty(what)
     with pytest.raises(ValueError):  # the CPU path refuses them outright
         ng.gather_and_maybe_dequant_cache(*case.dequant_args())
@@ -164,7 +179,7 @@ def test_bad_indices_are_skipped_and_reported_in_debug_mode(what, monkeypatch):
     assert torch.equal(g2.dst_store, g.dst_store)  # the same rows skipped
 
 
-def test_debug_mode_is_silent_on_good_input(monkeypatch):
+def test_debug_mode_is_silent_on_good_input(monkeypatch, small_kernel):
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
     rng = random.Random("debug-good")
     for conversion in ("copy", "e4m3_bf16"):

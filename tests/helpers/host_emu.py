@@ -20,7 +20,7 @@ KERNELS = {
     "mla_write": {**{("ds", k): m for k, m in mla_cache.DS_MODULES.items()},
                   **{("plain", k): m for k, m in mla_cache.PLAIN_MODULES.items()}},
     "mla_gather": {"gather": mla_cache.GATHER_MODULE},
-    "cache_gather": cache_gather.MODULES,
+    "cache_gather": {**cache_gather.MODULES, **{("tiny", c): m for c, m in cache_gather.TINY_MODULES.items()}},
     "scatter": scatter_kernels.MODULES,
 }
 

@@ -786,11 +786,11 @@ def check_mla_write(c: MlaWriteFuzz, debug: bool, outcome) -> None:
 
 def _cache_gather_entries():
     from nvrtc_gather.kernels import cache_gather as spec
-    return list(spec.MODULES)
+    return [(conv, w, False) for conv, w in spec.MODULES] + [(conv, spec.widest(conv), True) for conv in spec.TINY_MODULES]
 
 
-CACHE_GATHER_ENTRIES = _cache_gather_entries()   # (conversion, (load, store) widths): every module
-CACHE_GATHER_IDS = [f"{conv}-l{w[0]}-s{w[1]}" for conv, w in CACHE_GATHER_ENTRIES]
+CACHE_GATHER_ENTRIES = _cache_gather_entries()   # (conversion, (load, store) widths, tiny): every module
+CACHE_GATHER_IDS = [f"{conv}-l{w[0]}-s{w[1]}{'-tiny' if tiny else ''}" for conv, w, tiny in CACHE_GATHER_ENTRIES]
 # valid: good indices (debug mode silent); monotone / chaos / random: cu_seq_lens of the pool,
 # any order, any int32; bad_ids: good cu_seq_lens, block ids and seq_starts just outside.
 CACHE_GATHER_KINDS = ("valid", "bad_ids", "monotone", "chaos", "random")
@@ -870,18 +870,18 @@ def _cache_gather_args(c: CacheGatherFuzz):
     return "gather_and_maybe_dequant_cache", (src, dst, bt_t, cu_t, cu_t, c.num_rows, kv, scale, seq_t)
 
 
-def cache_gather_launch(c: CacheGatherFuzz, widths: tuple, debug: bool) -> Launch:
+def cache_gather_launch(c: CacheGatherFuzz, widths: tuple, debug: bool, tiny: bool = False) -> Launch:
     from nvrtc_gather.kernels import cache_gather as spec
     from nvrtc_gather.ops import cache_gather
     src, dst, bt_t, cu_t, seq_t, scale = c.tensors
     plan = cache_gather.plan_for(*_cache_gather_args(c)[:1], *_cache_gather_args(c)[1])
-    plan = plan._replace(rows_per_cta=c.rows_per_cta)
+    plan = plan._replace(rows_per_cta=c.rows_per_cta, tiny=tiny)
     if (plan.vec, plan.svec) != widths:  # the layout allows the fast entry: force the one under test
         assert widths == spec.ANY, c
         plan = plan._replace(vec=widths[0], svec=widths[1])
     cfg = cache_gather.launch_config(plan)
     c.desc = f"[{cfg.entry} debug={debug}] {c!r}"
-    assert cfg.entry == spec.entry_name(c.conversion, *widths), c.desc
+    assert cfg.entry == spec.entry_name(c.conversion, *widths, tiny), c.desc
     c.before = c.arena.bytes.clone()
     bounds = [span(src), span(bt_t), span(cu_t)] + ([span(seq_t)] if seq_t is not None else []) + \
         ([span(scale)] if c.conversion != "copy" else [])

@@ -123,6 +123,12 @@ def test_each_family_has_every_entry_in_the_module_it_loads_for_it():
     assert set(mla_cache.GATHER_MODULE.kernels) == {mla_cache.gather_entry(v) for v in mla_cache.VECTOR_WIDTHS}
     for (conv, widths), m in cache_gather.MODULES.items():
         assert m.kernels == (cache_gather.entry_name(conv, *widths),)
+    for conv, m in cache_gather.TINY_MODULES.items():  # small calls of aligned tensors only
+        w = cache_gather.widest(conv)
+        assert m.kernels == (cache_gather.entry_name(conv, *w, True),) and m.kernels[0].endswith("_tiny")
+        assert cache_gather.module_for(conv, w, True) is m
+        assert cache_gather.module_for(conv, w, False) is cache_gather.MODULES[conv, w]
+        assert cache_gather.module_for(conv, cache_gather.ANY, True) is cache_gather.MODULES[conv, cache_gather.ANY]
     # every (load, store) pair the policy can pick has its module
     for conv in cache_gather.CONVERSIONS:
         for load in cache_gather.VECTOR_WIDTHS:
@@ -162,3 +168,12 @@ def test_debug_error_codes_are_one_table():
 def test_registering_a_second_module_of_the_same_name_is_refused():
     with pytest.raises(ValueError, match="registered already"):
         spec.register(spec.KernelModule("gather_indexer_k_v16", "x.cu", (), gather_kernels.PARAMS, "x"))
+
+
+def test_cache_gather_small_calls_take_the_tiny_kernel():
+    """The tiny kernel (one warp per row) takes the calls whose tile blocks would be at their
+    floor of one row per warp: up to two such blocks per SM, rows of at most 2 KiB."""
+    assert cache_gather.use_tiny(576, 2 * 132 * 8, 132) and not cache_gather.use_tiny(576, 2 * 132 * 8 + 1, 132)
+    assert cache_gather.use_tiny(2048, 10, 132) and not cache_gather.use_tiny(2052, 10, 132)
+    for rows in (1, 1000, 2112):
+        assert cache_gather.rows_per_cta(1152, rows, 132) == cache_gather.MIN_ROWS_PER_CTA == cache_gather.WARPS
