@@ -374,6 +374,35 @@ def test_inf_and_nan_bytes_equal_the_cpu_paths():
             assert torch.equal(gpu.cpu(), cpu), (dt, fmt, _first_diffs(gpu.cpu().view(-1), cpu.view(-1)))
 
 
+# (dtype, head_dim, quant block, k offset): shuffles only (bf16, f32); shuffles + shared memory,
+# where the block votes by __syncthreads_or (groups of 4 lanes in 12; 128 lanes per quant
+# block); the generic kernel (k one element off).
+NAN_SHAPES = [(BF16, 128, 64, 0), (torch.float32, 512, 256, 0), (BF16, 192, 96, 0), (torch.float32, 1024, 1024, 0),
+              (BF16, 128, 64, 1)]
+
+
+@pytest.mark.parametrize("dt,hd,qbs,offset", NAN_SHAPES, ids=[f"{d}-hd{h}-q{q}-o{o}" for d, h, q, o in NAN_SHAPES])
+@pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
+def test_nans_are_left_out_of_amax_in_every_kernel_shape(dt, hd, qbs, offset, fmt):
+    """NaNs (either sign) in some rows, a quant block of NaNs, a NaN beside an inf: the GPU's
+    bytes are the CPU path's (NaNs left out of amax) in every reduction the kernels have."""
+    g = torch.Generator().manual_seed(hd + qbs)
+    store = torch.randn(300 * hd + offset, generator=g).to(dt)
+    k = store[offset:].view(300, hd)
+    rows = torch.arange(0, 300, 7)
+    k[rows, torch.randint(0, hd, (rows.numel(),), generator=g)] = float("nan")
+    k[3, :qbs] = -float("nan")
+    k[5, 1], k[5, 2] = float("nan"), float("-inf")
+    nq = hd // qbs
+    kv = torch.randint(0, 256, (40, 16, hd + 4 * nq), dtype=torch.uint8, generator=g)
+    slots = torch.randperm(40 * 16, generator=g)[:300]
+    cpu = kv.clone()
+    ng.indexer_k_quant_and_cache(k, cpu, slots, qbs, fmt)
+    gpu = kv.cuda()
+    ng.indexer_k_quant_and_cache(store.cuda()[offset:].view(300, hd), gpu, slots.cuda(), qbs, fmt)
+    assert torch.equal(gpu.cpu(), cpu), _first_diffs(gpu.cpu().view(-1), cpu.view(-1))
+
+
 @pytest.mark.parametrize("module", [None, QUANT_SOFT_FP8], ids=["op", "soft_fp8"])  # None: the op's own build
 @pytest.mark.parametrize("fmt", ["ue8m0", "fp8_e4m3"])
 def test_nan_blocks(module, fmt):
