@@ -192,3 +192,14 @@ def test_bad_indices_are_skipped_and_reported(emu):
             else:
                 assert got in options, (what, row)
         assert skipped > 0, what
+
+
+@pytest.mark.parametrize("start_row", [0, 5, 16])
+def test_one_request_without_seq_starts(emu, start_row):
+    """One request without seq_starts: the tile kernel loads each row's block_table entry with
+    cu_seq_lens, guessing cu_seq_lens[0] == 0; with a first row past 0 the guess is not used."""
+    for block_size in (1, 16):
+        check(emu, _maker(f"one-{start_row}-{block_size}", lens=[70], start_row=start_row, block_size=block_size,
+                          extra_rows=3), rows_per_cta=8)
+        check(emu, _maker(f"one-{start_row}-{block_size}", lens=[70], start_row=start_row, block_size=block_size,
+                          conversion="e5m2_f32"), rows_per_cta=37)
