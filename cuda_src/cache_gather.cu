@@ -119,19 +119,7 @@ __device__ __forceinline__ void put_vec(u8* dst, const V& v, float scale) {
 
 // The (block, slot) a row reads, or block -1: a row no request owns (untouched) or one whose
 // indices are bad (skipped; reported in debug mode). r: the row's request by the search.
-// Every index load that does not depend on another is issued first (ng_ldg_now: not sunk
-// into the branch that uses it), so the row's bytes are three dependent trips away (cu_seq_lens
-// with seq_starts, block_table, data); for one request without seq_starts, two: its rows start
-// at cu_seq_lens[0], so with cu_seq_lens[0] == 0 (checked before use) the row's block_table
-// column is row / block_size, loaded with cu_seq_lens.
 __device__ __forceinline__ int2 locate_row(const CacheGatherParams& p, int row, int r) {
-    int guess = -1;
-    const bool one = p.batch == 1 && p.seq_starts == nullptr;
-    if (one) {
-        const u32 j0 = (u32)row / (u32)p.block_size;
-        if (j0 < (u32)p.max_blocks) guess = ng_ldg_now(p.block_table + j0);
-    }
-    const int first = p.seq_starts ? ng_ldg_now(p.seq_starts + r) : 0;  // r < batch: in bounds
     const int start = __ldg(p.cu_seq_lens + r);
     const int stop = __ldg(p.cu_seq_lens + r + 1);
     if (!(start <= row && row < stop)) return make_int2(-1, 0);  // before cu[0], or cu out of order
@@ -139,6 +127,7 @@ __device__ __forceinline__ int2 locate_row(const CacheGatherParams& p, int row, 
         ng_report(p.error, NG_ERR_CU_NEGATIVE, r, start, 0);
         return make_int2(-1, 0);
     }
+    const int first = p.seq_starts ? __ldg(p.seq_starts + r) : 0;
     if (first < 0) {
         ng_report(p.error, NG_ERR_SEQ_START, r, first, 0);
         return make_int2(-1, 0);
@@ -149,7 +138,7 @@ __device__ __forceinline__ int2 locate_row(const CacheGatherParams& p, int row, 
         ng_report(p.error, NG_ERR_BLOCK_INDEX, row, r, j);
         return make_int2(-1, 0);
     }
-    const int b = one && start == 0 ? guess : __ldg(p.block_table + (i64)r * p.bt_row_stride + j);  // j == j0 there
+    const int b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
     if (b < 0 || b >= p.num_blocks) {
         ng_report(p.error, NG_ERR_BLOCK_ID, row, r, b);
         return make_int2(-1, 0);

@@ -196,8 +196,8 @@ def test_bad_indices_are_skipped_and_reported(emu):
 
 @pytest.mark.parametrize("start_row", [0, 5, 16])
 def test_one_request_without_seq_starts(emu, start_row):
-    """One request without seq_starts: the tile kernel loads each row's block_table entry with
-    cu_seq_lens, guessing cu_seq_lens[0] == 0; with a first row past 0 the guess is not used."""
+    """One request without seq_starts, its first row at 0 or past it (rows before it untouched),
+    in the tile kernel at two rows-per-block choices."""
     for block_size in (1, 16):
         check(emu, _maker(f"one-{start_row}-{block_size}", lens=[70], start_row=start_row, block_size=block_size,
                           extra_rows=3), rows_per_cta=8)
