@@ -224,19 +224,16 @@ __device__ __forceinline__ void cache_gather_tiny(const CacheGatherParams& p) {
     const int row = (int)urow;
     const i32* cu = p.cu_seq_lens;
     const float scale = FP8 ? __ldg(p.scale) : 1.0f;
-    // wlog = log2(W), -1 without a window (more than 32 requests).
-    const int wlog = p.batch <= 32 ? 5 - (32 - __clz(p.batch - 1)) : -1;
-    int window = -1, first = 0, r;
-    if (wlog >= 0) {  // ng_ldg_now: issued here, with the search, not where they are used
-        const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
-        if (k < p.batch && c < p.max_blocks) window = ng_ldg_now(p.block_table + (i64)k * p.bt_row_stride + c);
-        if (p.seq_starts && lane < p.batch) first = ng_ldg_now(p.seq_starts + lane);
-        const u32 m = __ballot_sync(0xffffffffu, lane < p.batch && __ldg(cu + lane) <= row);
-        r = m ? 31 - __clz(m) : 0;  // as warp_find_request: the last start <= row, else 0
+    // At most 32 requests: lane L loads request L's seq_starts with the search (ng_ldg_now:
+    // issued here, not where it is used).
+    int first = 0;
+    if (p.seq_starts && p.batch <= 32 && lane < p.batch) first = ng_ldg_now(p.seq_starts + lane);
+    int wlog, window;  // wlog = log2(W), -1 without a window (more than 32 requests)
+    const int r = warp_find_request_windowed(cu, p.batch, row, p.block_table, p.bt_row_stride, p.max_blocks, wlog, window);
+    if (wlog >= 0) {
         first = __shfl_sync(0xffffffffu, first, r);
-    } else {
-        r = warp_find_request(cu, p.batch, row);
-        if (p.seq_starts) first = __ldg(p.seq_starts + r);
+    } else if (p.seq_starts) {
+        first = __ldg(p.seq_starts + r);
     }
     const int start = __ldg(cu + r);  // in L1: the search just loaded this line
     const int stop = __ldg(cu + r + 1);
@@ -245,9 +242,8 @@ __device__ __forceinline__ void cache_gather_tiny(const CacheGatherParams& p) {
     const bool owned = start <= row && row < stop;
     const bool valid = owned && start >= 0 && first >= 0 && j < (u32)p.max_blocks;
     const bool in_window = wlog >= 0 && j < (1u << wlog);
-    // Every lane shuffles (the warp has one row: uniform); the lane index only means something,
-    // and the value is only used, inside the window.
-    int b = __shfl_sync(0xffffffffu, window, (int)((((u32)r << (wlog & 31)) | j) & 31u));
+    // Every lane shuffles (the warp has one row: uniform); the value is only used inside the window.
+    int b = window_entry(window, wlog, r, j);
     if (!in_window && valid) b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
     if (!(valid && b >= 0 && b < p.num_blocks)) {  // skip the row; say why in debug mode
         if (lane == 0 && owned) {

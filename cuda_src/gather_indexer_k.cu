@@ -195,19 +195,8 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     const int row = (int)urow;
     const i32* cu = p.cu_seq_lens;
     const int total = __ldg(cu + p.batch);
-    // At most 32 requests: the window (ng_ldg_now: issued here, not where it is used), and the
-    // search's one level written out (warp_find_request's loop costs a branch per level).
-    // wlog = log2(W), -1 without a window.
-    const int wlog = p.batch <= 32 ? 5 - (32 - __clz(p.batch - 1)) : -1;
-    int window = -1, r;
-    if (wlog >= 0) {
-        const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
-        if (k < p.batch && c < p.max_blocks) window = ng_ldg_now(p.block_table + (i64)k * p.bt_row_stride + c);
-        const u32 m = __ballot_sync(0xffffffffu, lane < p.batch && __ldg(cu + lane) <= row);
-        r = m ? 31 - __clz(m) : 0;  // as warp_find_request: the last start <= row, else 0
-    } else {
-        r = warp_find_request(cu, p.batch, row);
-    }
+    int wlog, window;  // wlog = log2(W), -1 without a window
+    const int r = warp_find_request_windowed(cu, p.batch, row, p.block_table, p.bt_row_stride, p.max_blocks, wlog, window);
     const int start = __ldg(cu + r);  // in L1: the search just loaded this line
     const int stop = __ldg(cu + r + 1);
     const u32 pos = (u32)row - (u32)start;  // exact where owned (start <= row)
@@ -215,9 +204,9 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     const bool owned = start <= row && row < stop;
     const bool in_table = j < (u32)p.max_blocks;
     const bool in_window = wlog >= 0 && j < (1u << wlog);
-    // Every lane shuffles (the warp has one row, so this is uniform); the lane index is
-    // only meaningful, and the value only used, inside the window.
-    int b = __shfl_sync(0xffffffffu, window, (int)((((u32)r << (wlog & 31)) | j) & 31u));
+    // Every lane shuffles (the warp has one row, so this is uniform); the value is only used
+    // inside the window.
+    int b = window_entry(window, wlog, r, j);
     if (!in_window && owned && in_table) b = __ldg(p.block_table + (i64)r * p.bt_row_stride + j);
     if (!(owned && in_table && b >= 0 && b < p.num_blocks)) {  // skip the row; say why in debug mode
         if (lane == 0) {

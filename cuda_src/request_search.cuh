@@ -35,3 +35,29 @@ __device__ __forceinline__ int narrow_request(const i32* starts, int lo, int hi,
     }
     return lo;
 }
+
+
+// Small calls' search, one warp per row: the row's request. With at most 32 requests, also a
+// window of block_table, loaded alongside: the first W = 2^wlog columns of every request, W =
+// 32 / batch rounded down to a power of two (lane L holds request L >> wlog's column L & (W - 1),
+// or -1). Its loads are issued here (ng_ldg_now: not where they are used) and the search is one
+// ballot (warp_find_request's loop costs a branch per level). More requests: warp_find_request
+// and wlog = -1 (no window).
+__device__ __forceinline__ int warp_find_request_windowed(const i32* starts, int batch, int row, const i32* block_table,
+                                                          i64 bt_row_stride, int max_blocks, int& wlog, int& window) {
+    const int lane = threadIdx.x & 31;
+    wlog = batch <= 32 ? 5 - (32 - __clz(batch - 1)) : -1;
+    window = -1;
+    if (wlog < 0) return warp_find_request(starts, batch, row);
+    const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
+    if (k < batch && c < max_blocks) window = ng_ldg_now(block_table + (i64)k * bt_row_stride + c);
+    const u32 m = __ballot_sync(0xffffffffu, lane < batch && __ldg(starts + lane) <= row);
+    return m ? 31 - __clz(m) : 0;  // as warp_find_request: the last start <= row, else 0
+}
+
+// Request r's block_table entry of column j from the window (every lane calls it, with the
+// same r and j; the value means something only where wlog >= 0 and j < 2^wlog).
+__device__ __forceinline__ int window_entry(int window, int wlog, int r, u32 j) {
+    return __shfl_sync(0xffffffffu, window, (int)((((u32)r << (wlog & 31)) | j) & 31u));
+}
+
