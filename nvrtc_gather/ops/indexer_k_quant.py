@@ -24,7 +24,7 @@ TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"
 _K_DTYPES = tuple(TYPE_NAMES)
 _I64 = torch.int64
 _is_compiling = torch.compiler.is_compiling
-_POINTERS = ("k", "slot_mapping", "kv_cache")
+_POINTERS = spec.PARAMS.pointer_names
 # What the op writes and reads, in _extents' order: the one list the full checks (plan_quant),
 # the fast path and the fake (quant_fake) take their names from.
 WRITES, READS = ("kv_cache",), ("k", "slot_mapping")

@@ -21,7 +21,7 @@ _K_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 _SCALE_DTYPES = (torch.float32, torch.uint8)
 _KV_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _is_compiling = torch.compiler.is_compiling
-_POINTERS = ("k", "k_scale", "slot_mapping", "kv_cache")
+_POINTERS = spec.PARAMS.pointer_names
 WRITES, READS = ("kv_cache",), ("k", "k_scale", "slot_mapping")  # one list: the eager checks and the fake
 
 
@@ -149,9 +149,10 @@ def struct_fields(p: ScatterPlan) -> dict:
                 scale_words=p.scale_words)
 
 
-def launch_config(p: ScatterPlan) -> LaunchConfig:
-    """The launch of a validated call with num_tokens > 0."""
-    vec = spec.vector_width(p.k_ptr | p.kv_ptr | _low_bits(p))
+def launch_config(p: ScatterPlan, vec: int | None = None) -> LaunchConfig:
+    """The launch of a validated call with num_tokens > 0, at the width its pointers allow (or
+    at ``vec``)."""
+    vec = vec or spec.vector_width(p.k_ptr | p.kv_ptr | _low_bits(p))
     return LaunchConfig(spec.entry_name(vec), spec.grid(vec, p.num_tokens, p.head_dim, p.scale_words),
                         struct_fields(p))
 
@@ -162,9 +163,9 @@ def _layout(p: ScatterPlan) -> ScatterLayout:
     for vec in spec.VECTOR_WIDTHS:
         if low % vec:
             continue  # a width this layout never takes, whatever the pointers
-        launches[vec] = Launch(spec.MODULES[vec], spec.entry_name(vec),
-                               spec.grid(vec, p.num_tokens, p.head_dim, p.scale_words),
-                               spec.PARAMS.image(**{n: v for n, v in struct_fields(p).items() if n not in _POINTERS}))
+        cfg = launch_config(p, vec)
+        launches[vec] = Launch(spec.MODULES[vec], cfg.entry, cfg.grid,
+                               spec.PARAMS.image(**{n: v for n, v in cfg.fields.items() if n not in _POINTERS}))
     widths = fast_path.widths_by_alignment(lambda bits: spec.vector_width(bits | low))
     return ScatterLayout(p.device, widths, _extents(p), launches, {})
 

@@ -21,7 +21,7 @@ from .mla_gather_torch import gather_torch
 _CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _I32 = torch.int32
 _is_compiling = torch.compiler.is_compiling
-_POINTERS = ("src_cache", "dst", "block_table", "workspace_starts", "seq_starts")
+_POINTERS = spec.GATHER_PARAMS.pointer_names
 # What the op writes and reads, in _extents' order: the one list the full checks (plan_gather),
 # the fast path (_read_pointers) and the fake (gather_fake) take their names from.
 WRITES, READS = ("dst",), ("src_cache", "block_table", "workspace_starts", "seq_starts")

@@ -20,7 +20,7 @@ _FP8 = torch.float8_e4m3fn
 _BYTE_CACHES = (torch.uint8, _FP8)
 TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # kv_c dtype -> the spec's name
 _is_compiling = torch.compiler.is_compiling
-_POINTERS = ("kv_c", "k_pe", "slot_mapping", "scale", "kv_cache")
+_POINTERS = spec.WRITE_PARAMS.pointer_names
 # What the op writes and reads, in _extents' order: the one list the full checks (plan_write),
 # the fast path (_read_pointers) and the fake (write_fake) take their names from.
 WRITES, READS = ("kv_cache",), ("kv_c", "k_pe", "slot_mapping", "scale")
