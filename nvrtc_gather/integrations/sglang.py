@@ -58,7 +58,7 @@ _K_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 _TAG = "_nvrtc_gather_original"
 _CLASSES = ("GetKAndS", "SetKAndS")
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # register() records what it leaves to SGLang while holding it
 _state = {"module": None, "hooked": {}, "left": {}}  # what status() reports
 
 
@@ -170,10 +170,14 @@ def _patch(cls, make) -> None:
 
 
 def _leave(method: str, reason: str, detail: str) -> None:
-    """Record (and log, the first time) a case left to SGLang's own ``method``."""
-    reasons = _state["left"].setdefault(method, {})
-    if reason not in reasons:
-        reasons[reason] = detail
+    """Record (and log, the first time) a case left to SGLang's own ``method``. Under the lock:
+    the hooks run on SGLang's threads while status() copies the record."""
+    with _lock:
+        reasons = _state["left"].setdefault(method, {})
+        first = reason not in reasons
+        if first:
+            reasons[reason] = detail
+    if first:
         log.info("nvrtc_gather: SGLang's %s keeps its own path for %s (%s)", method, reason, detail)
 
 
