@@ -2,11 +2,14 @@
 benchmarks or tests; the sdist holds what the tests need; a wheel installed on its own (not
 this checkout) imports, compiles a kernel from its shipped sources and answers the CLI.
 (.ci/run also installs the sdist into a fresh environment and runs the CPU suite from it.)"""
+import fcntl
+import hashlib
 import os
 import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -38,13 +41,24 @@ def _backend_problem() -> str | None:
     return None
 
 
+def _build_lock() -> Path:
+    """A lock file for building this checkout. The backend stages files in the checkout itself
+    (nvrtc_gather-<version>/ and the egg-info beside pyproject.toml), so two builds of one checkout
+    at once, as pytest-xdist workers that each run this module's fixture start them, delete each
+    other's files: one build of a checkout at a time."""
+    return Path(tempfile.gettempdir()) / f"nvrtc_gather_build_{hashlib.sha1(str(ROOT).encode()).hexdigest()[:12]}.lock"
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory):
     problem = _backend_problem()
     if problem:
         pytest.skip(problem)
     out = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-c", _BUILD, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    with open(_build_lock(), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = subprocess.run([sys.executable, "-c", _BUILD, str(out)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     (wheel,), (sdist,) = out.glob("*.whl"), out.glob("*.tar.gz")
     return wheel, sdist
