@@ -8,7 +8,6 @@ output checked byte for byte against the torch path, then timed interleaved with
 copy of the same bytes, L2 flushed before each run. From the repository root with
 PYTHONPATH=.:benchmarks: ``python benchmarks/experiments/chunked_pipeline_ab.py``."""
 import dataclasses
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,15 +20,16 @@ from nvrtc_gather.jit import runtime, sources
 from nvrtc_gather.jit.spec import Entry
 from nvrtc_gather.kernels import cache_gather as spec
 from nvrtc_gather.ops import cache_gather
+from nvrtc_gather.ops.cache_gather_torch import gather_torch
 
 HERE = Path(__file__).resolve().parent
 build = Path(tempfile.mkdtemp())
 (build / "cache_gather_exp.cu").write_text(sources.read_source("cache_gather.cu") + "\n"
                                            + (HERE / "chunked_pipeline.cu").read_text())
-CONV = {"copy": "copy", "e4m3_bf16": "e4m3_bf16"}
+CONVERSIONS = ("copy", "e4m3_bf16")  # the entry points chunked_pipeline.cu defines
 MODULE = dataclasses.replace(spec.MODULES["copy", (16, 16)], name="cache_gather_exp", source="cache_gather_exp.cu",
                              source_dir=str(build),
-                             entries=tuple(Entry(f"exp_{k}_{c}") for c in CONV for k in ("occ8", "pipe", "pipe8")))
+                             entries=tuple(Entry(f"exp_{k}_{c}") for c in CONVERSIONS for k in ("occ8", "pipe", "pipe8")))
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 WORKLOADS = [(1, 65536), (1, 131072), (8, 16384), (64, 2048), (4096, 64), (1024, 256), (8, 100), (1, 1000)]
 
@@ -53,7 +53,6 @@ for variant in b.VARIANTS:
             w = b.Workload(batch, mean, variant, seq, l2, seed=batch * 7 + mean)
             want = w.dst()
             cache_gather.prepared(w.op, *w.args(want), tiny=False)()  # the op's tile kernel: the reference here
-            from nvrtc_gather.ops.cache_gather_torch import gather_torch
             ref = w.dst()
             gather_torch(cache_gather.plan_for(w.op, *w.args(ref)), *b._torch_args(w, ref))
             torch.cuda.synchronize()

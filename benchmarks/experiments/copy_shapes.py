@@ -4,14 +4,10 @@ copy_ceiling.cu's exp_full_u* / exp_gs_u*: U 16-byte loads in flight per thread,
 block, one block per tile or a grid-stride loop on k blocks per SM. Each output checked, then
 all timed interleaved, L2 flushed before each run. From the repository root with
 PYTHONPATH=.:benchmarks: ``python benchmarks/experiments/copy_shapes.py``."""
-import dataclasses
-
 import torch
 
 from timing import flush_buffer, summarize, time_samples
-from nvrtc_gather.jit import runtime
 from nvrtc_gather.jit.spec import Entry
-from nvrtc_gather.kernels import cache_gather as spec
 
 import copy_ceiling_ab as cc  # builds copy_exp.cu
 
