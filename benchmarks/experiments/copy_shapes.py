@@ -3,7 +3,7 @@
 copy_ceiling.cu's exp_full_u* / exp_gs_u*: U 16-byte loads in flight per thread, T threads per
 block, one block per tile or a grid-stride loop on k blocks per SM. Each output checked, then
 all timed interleaved, L2 flushed before each run. From the repository root with
-PYTHONPATH=.:benchmarks: ``python benchmarks/experiments/copy_shapes.py``."""
+PYTHONPATH=.:benchmarks:benchmarks/experiments: ``python benchmarks/experiments/copy_shapes.py``."""
 import torch
 
 from timing import flush_buffer, summarize, time_samples
