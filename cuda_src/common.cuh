@@ -34,6 +34,10 @@ template <> struct Vec<4> { typedef u32 T; };
 #define NG_ERR_WS_ORDER 8           // workspace_starts entry negative or below the one before
 #define NG_ERR_SEQ_START 9          // seq_starts entry negative
 #define NG_ERR_CU_NEGATIVE 10       // cu_seq_lens entry negative (where a nonzero start is allowed)
+#define NG_ERR_LENGTH 11            // a request length negative or past INT32_MAX
+#define NG_ERR_LENGTH_SUM 12        // the lengths sum to more than the destination's rows
+#define NG_ERR_PAGE_INDEX 13        // token needs a page_table column >= its columns
+#define NG_ERR_PAGE_ID 14           // page_table entry outside [0, num_pages)
 
 // x / d for x >= 0, d > 0: a shift when d is a power of two (block sizes, vectors
 // per row and scales per row usually are), since integer division costs ~20

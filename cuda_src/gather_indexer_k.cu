@@ -27,6 +27,7 @@
 // carve-out by it, and more costs small calls time.
 #include "gather_params.cuh"
 #include "request_search.cuh"
+#include "tile_copy.cuh"
 
 // x / d for any x < 2^32 (FastDiv takes x < 2^31).
 __device__ __forceinline__ u32 udiv(const FastDiv& d, u32 x) {
@@ -56,7 +57,6 @@ __device__ __forceinline__ i64 scale_offset(const GatherParams& p, int2 loc) {
 
 template <int KVEC, int UNROLL>
 __device__ __forceinline__ void gather_body(const GatherParams& p) {
-    typedef typename Vec<KVEC>::T V;
     __shared__ int2 s_loc[NG_THREADS];  // (block id, token in block) of each row; block -1 = skip
     __shared__ int s_req[2];            // requests of the block's first and last rows
     __shared__ int s_total;             // cu_seq_lens[batch]
@@ -72,7 +72,7 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     // guarantees (ops/gather.py). Kept signed: the compiler may then assume it does.
     const int end = min(row0 + p.tokens_per_cta, p.num_tokens);
     const int n = end - row0;
-    const FastDiv by_block(p.block_size), by_words(p.scale_words);
+    const FastDiv by_block(p.block_size);
 
     // Everything up to the barrier is independent: one DRAM round trip per search level.
     if (tid < 64) {
@@ -117,60 +117,8 @@ __device__ __forceinline__ void gather_body(const GatherParams& p) {
     }
     __syncthreads();
 
-    // Scales first: this thread's first scale word is loaded before any store is issued,
-    // so its DRAM round trip overlaps the fp8 loads instead of following them (the
-    // compiler may not move a load above a store that could alias it).
-    const int nwords = n * p.scale_words;
-    u32 sw = 0;
-    i64 sdst = -1;
-    if (tid < nwords) {
-        const int t = by_words(tid);
-        const int w = tid - t * p.scale_words;
-        const int2 loc = s_loc[t];
-        if (loc.x >= 0) {
-            sw = __ldg(reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc)) + w);
-            sdst = (i64)(row0 + t) * p.dst_scale_row_stride + (i64)w * 4;
-        }
-    }
-
-    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt.
-    const int vpt = p.head_dim / KVEC;
-    const FastDiv by_vpt(vpt);
-    const int nvec = n * vpt;
-    for (int base = tid; base < nvec; base += NG_THREADS * UNROLL) {
-        V v[UNROLL];
-        i64 dst[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int i = base + u * NG_THREADS;
-            dst[u] = -1;
-            if (i < nvec) {
-                const int t = by_vpt(i);
-                const int c = i - t * vpt;
-                const int2 loc = s_loc[t];
-                if (loc.x >= 0) {
-                    v[u] = __ldg(reinterpret_cast<const V*>(p.kv_cache + value_offset(p, loc)) + c);
-                    dst[u] = (i64)(row0 + t) * p.dst_k_row_stride + (i64)c * KVEC;
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (dst[u] >= 0) *reinterpret_cast<V*>(p.dst_k + dst[u]) = v[u];
-        }
-    }
-
-    if (sdst >= 0) *reinterpret_cast<u32*>(p.dst_scale + sdst) = sw;
-    // The rest of the scale words (only when a block's tokens have more than NG_THREADS).
-    for (int i = tid + NG_THREADS; i < nwords; i += NG_THREADS) {
-        const int t = by_words(i);
-        const int w = i - t * p.scale_words;
-        const int2 loc = s_loc[t];
-        if (loc.x >= 0) {
-            const u32 x = __ldg(reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc)) + w);
-            *(reinterpret_cast<u32*>(p.dst_scale + (i64)(row0 + t) * p.dst_scale_row_stride) + w) = x;
-        }
-    }
+    copy_tile<KVEC, UNROLL, false>(p.kv_cache, p.block_stride, p.block_size, p.head_dim, p.scale_words, p.dst_k,
+                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
 }
 
 // Tiny calls (a few thousand rows at most: latency is all there is): one warp per row,

@@ -6,11 +6,11 @@
 //
 // Work split: one thread per unit, a unit being one VEC-byte vector of a token's values or one
 // of its 4-byte scale words (values first, then scales), so neighbouring threads store
-// neighbouring bytes of one cache row. A grid-stride loop covers any number of units (64-bit).
+// neighbouring bytes of one cache row. Slots are int64 (vLLM) or int32 (SGLang), by entry point. A grid-stride loop covers any number of units (64-bit).
 #include "scatter_params.cuh"
 #include "slot_split.cuh"
 
-template <int VEC>
+template <int VEC, typename ST>
 __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
     typedef typename Vec<VEC>::T V;
     const int vpt = p.head_dim / VEC;  // vectors per token; the host guarantees head_dim % VEC == 0
@@ -23,7 +23,7 @@ __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
         const int per = is_value ? vpt : p.scale_words;
         const int t = (int)(w / per);  // < num_tokens, an i32
         const int c = (int)(w - (i64)t * per);
-        const i64 s = __ldg(p.slot_mapping + t);
+        const i64 s = (i64)__ldg(reinterpret_cast<const ST*>(p.slot_mapping) + t);
         if (s < 0) continue;  // padding
         if (s >= p.num_slots) {
             if (c == 0 && is_value) ng_report(p.error, NG_ERR_SLOT, t, s, p.num_slots);

@@ -6,7 +6,7 @@
 struct ScatterParams {
     const u8* k;              // token i's head_dim fp8 bytes at k + i * k_row_stride
     const u8* k_scale;        // token i's scale_words fp32 scales at k_scale + i * scale_row_stride
-    const i64* slot_mapping;  // num_tokens entries
+    const u8* slot_mapping;   // num_tokens entries, int64 or int32 (the entry point's ST)
     u8* kv_cache;             // block b starts at kv_cache + b * block_stride
     i64 k_row_stride;         // bytes
     i64 scale_row_stride;     // bytes

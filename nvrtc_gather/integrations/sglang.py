@@ -35,10 +35,9 @@ import threading
 
 import torch
 
-from .. import cp_gather_indexer_k_quant_cache, indexer_k_scatter
-from .. import settings
-from ..kernels import gather as gather_kernels
-from ..ops import checks
+from .. import indexer_k_scatter
+from ..ops import checks, index_k_read
+from ..ops import indexer_k_scatter as indexer_k_scatter_op
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ ACCESSORS = (
 )
 MODULES = tuple(name for name, _ in ACCESSORS)
 QUANT_BLOCK_SIZE = 128  # SGLang's indexer: one fp32 scale per 128 fp8 values
-_INT32_MIN = -2**31
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _K_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 _TAG = "_nvrtc_gather_original"
@@ -262,128 +260,93 @@ def get_index_k_scale_buffer(buf: torch.Tensor, seq_len_tensor: torch.Tensor, pa
                              index_head_dim: int = 128,
                              quant_block_size: int = QUANT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_fp8 uint8 ``[seq_len_sum, index_head_dim]``, k_scale uint8 ``[seq_len_sum, 4 * nq]``) for
-    the requests of ``seq_len_tensor`` (lengths, ``[batch]``, int32/int64) whose pages are the rows
-    of ``page_indices`` (``[batch, max_pages]``, int32/int64, any strides), packed by request, as
-    SGLang's ``GetKAndS`` returns them. ``seq_len_sum`` (a host int, the sum of the lengths) sizes
-    the outputs; ``max_seq_len`` must fit in ``page_indices``' pages.
+    the requests of ``seq_len_tensor`` (lengths, ``[batch]``, int32/int64, any stride) whose pages
+    are the rows of ``page_indices`` (``[batch, max_pages]``, int32/int64, any strides), packed by
+    request, as SGLang's ``GetKAndS`` returns them. ``seq_len_sum`` (a host int, the sum of the
+    lengths) sizes the outputs; ``max_seq_len`` must fit in ``page_indices``' pages.
 
-    ``seq_len_sum`` larger than the lengths' sum: the rows past the sum are zero (SGLang's own
-    kernels leave them uninitialised). Smaller: CPU tensors (and NVRTC_GATHER_DEBUG=1) raise
-    ValueError naming seq_len_sum; on CUDA tensors (no host sync) the rows past seq_len_sum are
-    not written anywhere (SGLang's Triton kernel writes past its outputs there).
+    CUDA tensors: the two outputs allocated with ``torch.empty`` and one kernel launch, which sums
+    the lengths itself (no host sync, no other GPU work) and writes every row. Rows past the
+    lengths' sum (``seq_len_sum`` larger) are zero. A ``seq_len_sum`` below the sum: the rows
+    past it are not written anywhere (SGLang's Triton kernel writes past its outputs there).
+    Index values are untrusted: a length that is negative or past int32 counts as 0, and a row
+    whose page id is outside the buffer (or outside int32) or whose page column is past
+    ``page_indices``' columns is zero; nothing is read outside the tensors.
+    NVRTC_GATHER_DEBUG=1 raises ValueError for any of those (one sync per call). CPU tensors:
+    ValueError naming the argument for the same values, the same bytes otherwise.
 
-    Arguments are checked before anything is written (TypeError/ValueError naming the argument).
-    Page ids and lengths must fit int32: on CPU tensors one that does not raises ValueError; on
-    CUDA tensors they stay on the device (no host sync) and one that does not is never read as
-    another page: its request's rows are skipped (left zero), and NVRTC_GATHER_DEBUG=1 raises
-    the ValueError instead (one sync per call)."""
-    nq = _check(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
-                quant_block_size)
-    dev = buf.device
-    batch = seq_len_tensor.size(0)
-    if dev.type == "cpu" or settings.debug_enabled():
-        _check_values(seq_len_tensor, page_indices, seq_len_sum)
-    # Prefix sums in int64 (int32 ones wrap); anything outside int32 becomes -1, out of range for
-    # the kernel, which then skips that request's rows rather than reading a wrapped-around page.
-    cu64 = torch.cumsum(seq_len_tensor, 0, dtype=torch.int64)
-    cu_seq_lens = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
-    cu_seq_lens[1:] = _to_int32(cu64)
-    block_table = page_indices if page_indices.dtype == torch.int32 else _to_int32(page_indices)
-    if block_table.size(1) > 1 and block_table.stride(1) != 1:  # the gather takes row-strided tables only
-        block_table = block_table.contiguous()
-    # Zeroed, not empty: rows no request covers (seq_len_sum past the lengths' sum) read as zero.
-    k_fp8 = torch.zeros(seq_len_sum, index_head_dim, dtype=torch.uint8, device=dev)
-    k_scale = torch.zeros(seq_len_sum, 4 * nq, dtype=torch.uint8, device=dev)
-    kv_cache = buf.view(buf.size(0), page_size, index_head_dim + 4 * nq)
-    cp_gather_indexer_k_quant_cache(kv_cache, k_fp8, k_scale, block_table, cu_seq_lens)
-    return k_fp8, k_scale
+    Arguments are checked before anything is written (TypeError/ValueError naming the argument)."""
+    return index_k_read.read_index_k(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size,
+                                     index_head_dim, quant_block_size)
+
+
+_set_layouts: dict = {}  # the set entry's remembered layouts (the scatter's), by the call's metadata
+_SCATTER_NAMES = {"k": "index_k", "k_scale": "index_k_scale", "kv_cache": "buf", "slot_mapping": "loc"}
 
 
 def set_index_k_scale_buffer(buf: torch.Tensor, loc: torch.Tensor, index_k: torch.Tensor,
                              index_k_scale: torch.Tensor, *, page_size: int = 64, index_head_dim: int = 128,
                              quant_block_size: int = QUANT_BLOCK_SIZE) -> None:
     """Write token ``i``'s fp8 keys ``index_k[i]`` (float8_e4m3fn or uint8 ``[T, index_head_dim]``)
-    and fp32 scales ``index_k_scale[i]`` (``[T]`` or ``[T, nq]``) into slot ``loc[i]`` (int32 or
-    int64 ``[T]``: page ``loc // page_size``, row ``loc % page_size``) of the layer's buffer, as
-    SGLang's ``SetKAndS`` does (same bytes). ``loc < 0`` is skipped; a slot past the buffer raises
-    ValueError on CPU tensors and is skipped on CUDA ones (NVRTC_GATHER_DEBUG=1: ValueError);
-    SGLang's Triton kernel writes outside the buffer for both."""
-    checks.tensor("buf", buf)
-    checks.tensor("loc", loc)
-    checks.dtype_in("buf", buf, (torch.uint8,))
-    checks.dtype_in("loc", loc, _INDEX_DTYPES)
-    nq = _layout_words(buf, page_size, index_head_dim, quant_block_size)
+    and fp32 scales ``index_k_scale[i]`` (float32 ``[T]`` or ``[T, nq]``) into slot ``loc[i]``
+    (int32 or int64 ``[T]``: page ``loc // page_size``, row ``loc % page_size``) of the layer's
+    buffer, as SGLang's ``SetKAndS`` does (same bytes); one launch on CUDA tensors. ``loc < 0``
+    is skipped; a slot past the buffer raises ValueError on CPU tensors and is skipped on CUDA
+    ones (NVRTC_GATHER_DEBUG=1: ValueError); SGLang's Triton kernel writes outside the buffer for
+    both. Arguments are checked against the buffer's layout before anything is written
+    (TypeError/ValueError naming the argument)."""
+    try:
+        _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size)
+    except ValueError as e:  # the scatter's value errors (a slot past the buffer): in the caller's names
+        raise ValueError(checks.renamed(str(e), _SCATTER_NAMES)) from None
+
+
+def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size) -> None:
+    try:
+        key = (buf.device, buf.dtype, buf.shape, buf.stride(), loc.device, loc.dtype, loc.shape, loc.stride(),
+               index_k.device, index_k.dtype, index_k.shape, index_k.stride(), index_k_scale.device,
+               index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), page_size, index_head_dim,
+               quant_block_size)
+        layout = _set_layouts.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable sizes: the checks name them
+        key = layout = None
+    if layout is not None and indexer_k_scatter_op.run_remembered(
+            layout, index_k.data_ptr(), index_k_scale.data_ptr(), loc.data_ptr(), buf.data_ptr()):
+        return
+    nq = index_k_read.layout_words(buf, page_size, index_head_dim, quant_block_size)
+    _check_rows(loc, index_k, index_k_scale, index_head_dim, nq)
     kv_cache = buf.view(buf.size(0), page_size, index_head_dim + 4 * nq)
-    indexer_k_scatter(index_k, index_k_scale, kv_cache, loc if loc.dtype == torch.int64 else loc.to(torch.int64))
+    try:
+        plan = indexer_k_scatter_op.plan_scatter(index_k, index_k_scale, kv_cache, loc)
+    except TypeError as e:  # what is left in the caller's names (ValueErrors: set_index_k_scale_buffer)
+        raise TypeError(checks.renamed(str(e), _SCATTER_NAMES)) from None
+    if plan.device < 0:
+        indexer_k_scatter(index_k, index_k_scale, kv_cache, loc)
+        return
+    layout = indexer_k_scatter_op.launch_planned(plan)
+    if key is not None and layout is not None:
+        if len(_set_layouts) >= 256:
+            _set_layouts.clear()
+        _set_layouts[key] = layout
 
 
-def _layout_words(buf, page_size, index_head_dim, quant_block_size) -> int:
-    """nq after checking ``buf`` is the layer's 2-D buffer of ``page_size`` tokens per page."""
-    if index_head_dim % quant_block_size:
-        raise ValueError(f"index_head_dim: {index_head_dim} is not a multiple of quant_block_size={quant_block_size}")
-    nq = index_head_dim // quant_block_size
-    stride = index_head_dim + 4 * nq
-    if buf.dim() != 2:
-        raise ValueError(f"buf: expected the layer's 2-D uint8 index buffer [num_pages, page_size * "
-                         f"(index_head_dim + 4 * nq)], got shape {tuple(buf.shape)}")
-    if buf.size(1) != page_size * stride:
-        raise ValueError(f"buf: expected {page_size} * {stride} = {page_size * stride} bytes per page "
-                         f"(page_size={page_size}, index_head_dim={index_head_dim}), got shape {tuple(buf.shape)}")
-    return nq
-
-
-def _to_int32(t: torch.Tensor) -> torch.Tensor:
-    fits = (t >= _INT32_MIN) & (t <= checks.INT32_MAX)
-    return torch.where(fits, t, -1).to(torch.int32)
-
-
-def _host_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a host int, got {type(value).__name__}"
-                        + (" (a tensor: pass the value, e.g. int(t), computed where the host already has it)"
-                           if isinstance(value, torch.Tensor) else ""))
-    if value < 0:
-        raise ValueError(f"{name}: expected a non-negative int, got {value}")
-    return value
-
-
-def _check(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
-           quant_block_size) -> int:
-    """Everything checkable without reading tensor data; returns nq."""
-    for name, t in (("buf", buf), ("seq_len_tensor", seq_len_tensor), ("page_indices", page_indices)):
+def _check_rows(loc, index_k, index_k_scale, index_head_dim: int, nq: int) -> None:
+    """The rows to write against the buffer's layout, in SetKAndS's names."""
+    for name, t in (("loc", loc), ("index_k", index_k), ("index_k_scale", index_k_scale)):
         checks.tensor(name, t)
-    checks.dtype_in("buf", buf, (torch.uint8,))
-    checks.dtype_in("seq_len_tensor", seq_len_tensor, _INDEX_DTYPES)
-    checks.dtype_in("page_indices", page_indices, _INDEX_DTYPES)
-    if _host_int("seq_len_sum", seq_len_sum) > checks.INT32_MAX - gather_kernels.THREADS:  # the gather's row limit
-        raise ValueError(f"seq_len_sum: {seq_len_sum} rows exceed the supported {checks.INT32_MAX - gather_kernels.THREADS}")
-    _host_int("max_seq_len", max_seq_len)
-    nq = _layout_words(buf, page_size, index_head_dim, quant_block_size)
-    if seq_len_tensor.dim() != 1:
-        raise ValueError(f"seq_len_tensor: expected [batch], got shape {tuple(seq_len_tensor.shape)}")
-    if page_indices.dim() != 2 or page_indices.size(0) != seq_len_tensor.size(0):
-        raise ValueError(f"page_indices: expected [batch, max_pages] with batch = {seq_len_tensor.size(0)} "
-                         f"(seq_len_tensor's length), got shape {tuple(page_indices.shape)}")
-    if page_indices.size(1) * page_size < max_seq_len:
-        raise ValueError(f"max_seq_len: {max_seq_len} tokens do not fit in page_indices' {page_indices.size(1)} "
-                         f"pages of {page_size}")
-    checks.same_device({"buf": buf, "seq_len_tensor": seq_len_tensor, "page_indices": page_indices})
-    return nq
-
-
-def _check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int) -> None:
-    """Values that int32 cannot hold, and a seq_len_sum below the lengths' sum (reads the
-    tensors: a sync on CUDA)."""
-    if page_indices.dtype == torch.int64 and page_indices.numel():
-        lo, hi = int(page_indices.min()), int(page_indices.max())
-        if lo < _INT32_MIN or hi > checks.INT32_MAX:
-            raise ValueError(f"page_indices: page ids must fit int32, got values in [{lo}, {hi}]")
-    if seq_len_tensor.numel():
-        lo = int(seq_len_tensor.min())
-        total = int(seq_len_tensor.sum(dtype=torch.int64))
-        if lo < 0 or int(seq_len_tensor.max()) > checks.INT32_MAX or total > checks.INT32_MAX:
-            raise ValueError(f"seq_len_tensor: lengths must be >= 0 and sum to at most {checks.INT32_MAX}, got min {lo}, "
-                             f"max {int(seq_len_tensor.max())}, sum {total}")
-        if total > seq_len_sum:
-            raise ValueError(f"seq_len_sum: {seq_len_sum} rows cannot hold the {total} tokens of seq_len_tensor "
-                             "(seq_len_sum is the sum of the lengths)")
+    checks.dtype_in("loc", loc, _INDEX_DTYPES)
+    checks.dtype_in("index_k", index_k, _K_DTYPES)
+    checks.dtype_in("index_k_scale", index_k_scale, (torch.float32,))
+    checks.rank("loc", loc, 1, "[num_tokens]")
+    checks.rank("index_k", index_k, 2, f"[num_tokens, index_head_dim={index_head_dim}]")
+    if index_k.size(1) != index_head_dim:  # a narrower row would put the scales among another token's values
+        raise ValueError(f"index_k: expected rows of index_head_dim = {index_head_dim} fp8 values (the buffer's "
+                         f"layout), got shape {tuple(index_k.shape)}")
+    scale_shape = f"[num_tokens, {nq}]" + (" or [num_tokens]" if nq == 1 else "")
+    if not (index_k_scale.dim() == 2 and index_k_scale.size(1) == nq or index_k_scale.dim() == 1 and nq == 1):
+        raise ValueError(f"index_k_scale: expected float32 {scale_shape} (index_head_dim / quant_block_size "
+                         f"scales per token), got shape {tuple(index_k_scale.shape)}")
+    n = loc.size(0)
+    for name, t in (("index_k", index_k), ("index_k_scale", index_k_scale)):
+        if t.size(0) < n:
+            raise ValueError(f"{name}: {t.size(0)} rows, fewer than loc's {n} entries (one row per slot)")

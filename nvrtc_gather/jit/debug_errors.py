@@ -23,6 +23,11 @@ ERRORS = {  # name -> (code, message with the kernel's details a, b, c)
                            "starts must be non-negative and non-decreasing"),
     "NG_ERR_SEQ_START": (9, "seq_starts: entry {a} = {b} is negative"),
     "NG_ERR_CU_NEGATIVE": (10, "cu_seq_lens: entry {a} = {b} is negative"),
+    # the index-K read (SGLang's names: seq_len_tensor, seq_len_sum, page_indices)
+    "NG_ERR_LENGTH": (11, "seq_len_tensor: entry {a} = {b} is negative or past int32"),
+    "NG_ERR_LENGTH_SUM": (12, "seq_len_sum: the lengths sum to {a}, more than seq_len_sum = {b} rows"),
+    "NG_ERR_PAGE_INDEX": (13, "page_indices: row {a} (request {b}) needs page column {c}, past page_indices' columns"),
+    "NG_ERR_PAGE_ID": (14, "page_indices: row {a} (request {b}) maps to page {c}, outside [0, num_pages)"),
 }
 _MESSAGES = {code: message for code, message in ERRORS.values()}
 

@@ -72,6 +72,8 @@ class LoadedModule:
     def launcher(self, entry: str, grid: int, image: spec.StructImage,
                  stream_of: Callable[[int], int] | None = None):
         """``go(pointers)``: launch ``entry`` with ``grid`` blocks on ``stream_of(device)``
+        (``grid`` 0: a per-call grid, ``go(pointers, 0, blocks)``; the pointers may then include
+        the leading 8-byte counts of the struct that each call sets)
         (default: torch's current stream, asked at each call), the parameter struct ``image``
         with the call's data ``pointers`` (in struct order) written in. Everything fixed is
         bound here once, and each thread keeps its own copy of the struct and launch config
@@ -86,13 +88,14 @@ class LoadedModule:
         pack_pointers, pack_error, error_offset = image.pack_pointers, image.pack_error, image.error_offset
         per_thread = threading.local()
 
-        def go(pointers, err_ptr: int = 0) -> None:
+        def go(pointers, err_ptr: int = 0, blocks: int = 0) -> None:
             # Every op call runs this: the pointers packed, the stream set, cuLaunchKernelEx (4
             # arguments through ctypes instead of cuLaunchKernel's 11). Debug mode: an error
             # buffer, read back after the launch (the usual unset variable tested inline).
+            # ``blocks``: this call's grid, for a launcher whose grid changes per call (grid 0).
             if not err_ptr and (env_data is None or debug_key in env_data) and settings.debug_enabled():
                 err = error_buffer(device)
-                go(pointers, err.data_ptr())
+                go(pointers, err.data_ptr(), blocks)
                 raise_if_set(err, label)
                 return
             try:
@@ -101,6 +104,8 @@ class LoadedModule:
                 buf, params, cfg, cfg_addr, cur, cur_ref, _keep = per_thread.state = _launch_state(image, grid, threads)
             pack_pointers(buf, 0, *pointers)
             cfg.hStream = stream_of(device)
+            if blocks:
+                cfg.gridDimX = blocks
             if err_ptr:  # debug mode: this launch only, then the buffer's error field is null again
                 pack_error(buf, error_offset, err_ptr)
             try:

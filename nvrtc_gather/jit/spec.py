@@ -67,8 +67,9 @@ class ParamStruct:
         self._check({**fixed, **dict.fromkeys(free)}, self.names)
         pointers = free[:-1]
         if free[-1:] != ("error",) or self.names[:len(pointers)] != pointers or \
-                any(kind != "ptr" for _, kind in self.fields[:len(pointers)]):
-            raise TypeError(f"{self.name}: the fields left free must be the leading pointers and error, got {free}")
+                any(kind not in ("ptr", "i64") for _, kind in self.fields[:len(pointers)]):
+            raise TypeError(f"{self.name}: the fields left free must be the leading pointers (or 8-byte "
+                            f"counts among them) and error, got {free}")
         values = {**fixed, **dict.fromkeys(free, 0)}
         return StructImage(self.layout.pack(*(values[n] for n in self.names)), pointers,
                            struct.Struct("<" + "Q" * len(pointers)).pack_into, self.layout.size - 8)

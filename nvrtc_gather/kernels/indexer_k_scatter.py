@@ -15,15 +15,18 @@ PARAMS = ParamStruct("ScatterParams", (
 VECTOR_WIDTHS = (16, 8, 4)  # bytes per value load and store
 
 
-def entry_name(vec: int) -> str:
-    return f"indexer_k_scatter_v{vec}"
+SLOT_TYPES = ("i64", "i32")  # C types of int64 / int32 slot_mapping entries
+
+
+def entry_name(vec: int, slots: str = "i64") -> str:
+    return f"indexer_k_scatter_v{vec}" + ("" if slots == "i64" else f"_{slots}")
 
 
 # One module per width: a call needs one, and an engine's calls share one alignment.
 MODULES = {vec: KernelModule(
     name=entry_name(vec),
     source="indexer_k_scatter.cu",
-    entries=(Entry(entry_name(vec), f"scatter_body<{vec}>"),),
+    entries=tuple(Entry(entry_name(vec, st), f"scatter_body<{vec}, {st}>") for st in SLOT_TYPES),
     params=PARAMS,
     label="indexer_k_scatter",
     threads=THREADS,

@@ -3,6 +3,7 @@ and saying what was expected; none touches tensor data (no device sync)."""
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 
@@ -133,3 +134,9 @@ def disjoint_from(written: str, written_ptr: int, read_names: tuple, read_ptrs: 
     message of a call fast_path.overlapping refused."""
     disjoint({written: (written_ptr, written_ptr + extents[0])},
              {n: (ptr, ptr + size) for n, ptr, size in zip(read_names, read_ptrs, extents[1:]) if size})
+
+
+def renamed(message: str, names: dict[str, str]) -> str:
+    """``message`` with each argument name of ``names`` (whole words) replaced by the caller's
+    name for that argument: an entry that wraps an op raises in its own caller's terms."""
+    return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], message)

@@ -20,6 +20,8 @@ from .indexer_k_scatter_torch import scatter_torch
 _K_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 _SCALE_DTYPES = (torch.float32, torch.uint8)
 _KV_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+_SLOT_DTYPES = (torch.int64, torch.int32)
+_SLOT_TYPES = {torch.int64: "i64", torch.int32: "i32"}  # the entry point's C type
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = spec.PARAMS.pointer_names
 WRITES, READS = ("kv_cache",), ("k", "k_scale", "slot_mapping")  # one list: the eager checks and the fake
@@ -40,6 +42,7 @@ class ScatterPlan(NamedTuple):
     k_row_stride: int      # bytes
     scale_row_stride: int  # bytes
     slot_stride: int       # elements
+    slot_type: str         # "i64" or "i32": the entry point
     k_ptr: int
     scale_ptr: int
     slot_ptr: int
@@ -54,7 +57,7 @@ def plan_scatter(k, k_scale, kv_cache, slot_mapping) -> ScatterPlan:
     checks.dtype_in("k", k, _K_DTYPES)
     checks.dtype_in("k_scale", k_scale, _SCALE_DTYPES)
     checks.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
-    checks.dtype_in("slot_mapping", slot_mapping, (torch.int64,))
+    checks.dtype_in("slot_mapping", slot_mapping, _SLOT_DTYPES)
     checks.rank("k", k, 2, "[num_tokens, head_dim]")
     checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
     checks.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
@@ -86,6 +89,7 @@ def plan_scatter(k, k_scale, kv_cache, slot_mapping) -> ScatterPlan:
         scale_words=scale_words, num_blocks=num_blocks, block_size=block_size, cache_stride=cache_stride,
         num_slots=num_blocks * block_size, block_stride=block_stride, k_row_stride=k.stride(0),
         scale_row_stride=scale2d.stride(0) * scale2d.element_size(), slot_stride=slot_mapping.stride(0),
+        slot_type=_SLOT_TYPES[slot_mapping.dtype],
         k_ptr=k.data_ptr(), scale_ptr=k_scale.data_ptr(), slot_ptr=slot_mapping.data_ptr(),
         kv_ptr=kv_cache.data_ptr())
     checks.aligned("kv_cache", "data pointer", plan.kv_ptr)
@@ -123,7 +127,7 @@ def _extents(p: ScatterPlan) -> tuple[int, int, int, int]:
     return ((p.num_blocks - 1) * p.block_stride + p.block_size * p.cache_stride if p.num_blocks else 0,
             (p.num_tokens - 1) * p.k_row_stride + p.head_dim,
             (p.num_tokens - 1) * p.scale_row_stride + 4 * p.scale_words,
-            8 * ((p.num_tokens - 1) * p.slot_stride + 1))
+            (8 if p.slot_type == "i64" else 4) * ((p.num_tokens - 1) * p.slot_stride + 1))
 
 
 def _low_bits(p: ScatterPlan) -> int:
@@ -153,7 +157,7 @@ def launch_config(p: ScatterPlan, vec: int | None = None) -> LaunchConfig:
     """The launch of a validated call with num_tokens > 0, at the width its pointers allow (or
     at ``vec``)."""
     vec = vec or spec.vector_width(p.k_ptr | p.kv_ptr | _low_bits(p))
-    return LaunchConfig(spec.entry_name(vec), spec.grid(vec, p.num_tokens, p.head_dim, p.scale_words),
+    return LaunchConfig(spec.entry_name(vec, p.slot_type), spec.grid(vec, p.num_tokens, p.head_dim, p.scale_words),
                         struct_fields(p))
 
 
@@ -176,6 +180,25 @@ def _run(layout: ScatterLayout, k_p: int, ks_p: int, sm_p: int, kv_p: int) -> No
     (layout.launchers.get(vec) or fast_path.bind(layout, vec))((k_p, ks_p, sm_p, kv_p))
 
 
+def run_remembered(layout: ScatterLayout, k_p: int, ks_p: int, sm_p: int, kv_p: int) -> bool:
+    """The fast path of a call whose metadata matches ``layout``: launch it if its pointers pass
+    the pointer checks (4-byte aligned, the cache overlapping no input) and say so; False: the
+    caller runs the full checks, which name what is wrong."""
+    if not (k_p | ks_p | kv_p) & 3 and not fast_path.overlapping(kv_p, (k_p, ks_p, sm_p), layout.extents):
+        _run(layout, k_p, ks_p, sm_p, kv_p)
+        return True
+    return False
+
+
+def launch_planned(plan: ScatterPlan) -> ScatterLayout | None:
+    """Launch a validated GPU plan (nothing when it has no rows); its layout, for run_remembered."""
+    if plan.num_tokens == 0:
+        return None
+    layout = _layout(plan)
+    _run(layout, plan.k_ptr, plan.scale_ptr, plan.slot_ptr, plan.kv_ptr)
+    return layout
+
+
 _layouts = LayoutMemo()
 
 
@@ -185,7 +208,7 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
 
     Row ``i < len(slot_mapping)`` of ``k`` (fp8-e4m3 or uint8, ``[num_tokens, head_dim]``) and
     of ``k_scale`` (float32 ``[num_tokens, nq]``, or ``[num_tokens]`` for ``nq == 1``, or uint8
-    ``[num_tokens, 4 * nq]``) go to slot ``s = slot_mapping[i]`` (int64): cache block
+    ``[num_tokens, 4 * nq]``) go to slot ``s = slot_mapping[i]`` (int64 or int32): cache block
     ``s // block_size``, row ``s % block_size``, values and scales where docs/contract.md §1
     puts them; ``s < 0`` is padding and skipped.
 
@@ -201,20 +224,15 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
         layout = _layouts.get(key)
     except (AttributeError, TypeError):  # not tensors: plan_scatter says which
         key = None
-    if layout is not None:  # the fast path: only the pointer checks
-        k_p, ks_p, sm_p, kv_p = k.data_ptr(), k_scale.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
-        if not (k_p | ks_p | kv_p) & 3 and not fast_path.overlapping(kv_p, (k_p, ks_p, sm_p), layout.extents):
-            _run(layout, k_p, ks_p, sm_p, kv_p)
-            return
+    if layout is not None and run_remembered(layout, k.data_ptr(), k_scale.data_ptr(), slot_mapping.data_ptr(),
+                                             kv_cache.data_ptr()):  # the fast path: only the pointer checks
+        return
     plan = plan_scatter(k, k_scale, kv_cache, slot_mapping)
     if plan.device < 0:
         scatter_torch(plan, k, k_scale, kv_cache, slot_mapping)
         return
-    if plan.num_tokens == 0:
-        return
-    layout = _layout(plan)
-    _run(layout, plan.k_ptr, plan.scale_ptr, plan.slot_ptr, plan.kv_ptr)
-    if key is not None:
+    layout = launch_planned(plan)
+    if key is not None and layout is not None:
         _layouts.remember(key, layout)
 
 

@@ -50,7 +50,8 @@ def scatter_reference(case: ScatterCase) -> torch.Tensor:
 
 
 def make_scatter_case(rng: random.Random, device="cpu", head_dim=None, nq=None, block_size=None, num_blocks=None,
-                      num_tokens=None, k_offset=0, kv_offset=0, scale_kind=None, padding=0.2) -> ScatterCase:
+                      num_tokens=None, k_offset=0, kv_offset=0, scale_kind=None, padding=0.2,
+                      slot_dtype=torch.int64) -> ScatterCase:
     """A random call: distinct valid slots (two rows for one slot land in unspecified order),
     some padding (-1), rows of k and k_scale past slot_mapping, random bytes everywhere."""
     gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
@@ -82,8 +83,8 @@ def make_scatter_case(rng: random.Random, device="cpu", head_dim=None, nq=None, 
         k_scale = raw.view(rows, 4 * nq)
     valid = rng.sample(range(nb * bs), min(T, nb * bs))
     slots = [-1 if rng.random() < padding else s for s in valid] + [-1] * (T - len(valid))
-    sm = torch.tensor(slots, dtype=torch.int64)
-    desc = (f"head_dim={hd} nq={nq} block_size={bs} num_blocks={nb} cache_stride={cs} block_stride={block_stride} "
+    sm = torch.tensor(slots, dtype=slot_dtype)
+    desc = (f"slots {slot_dtype} " f"head_dim={hd} nq={nq} block_size={bs} num_blocks={nb} cache_stride={cs} block_stride={block_stride} "
             f"k={k.dtype} row {k_row} off {k_offset} scale={scale_kind} kv_off={kv_offset} slots={slots}")
     if device != "cpu":
         store = store.to(device)

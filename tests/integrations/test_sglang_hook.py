@@ -228,10 +228,12 @@ def test_bad_arguments_through_the_pool_are_named(standin):
         pool.get_index_k_scale_buffer(0, torch.tensor([3]), torch.tensor([[2**32 + 1]]), 3, 3)
     with pytest.raises(TypeError, match="seq_len_tensor: expected a torch.Tensor, got list"):
         pool.get_index_k_scale_buffer(0, [3], torch.tensor([[1]]), 3, 3)
-    with pytest.raises(ValueError, match="slot_mapping: entry 0 = 512 is past the cache's last slot"):
+    with pytest.raises(ValueError, match="loc: entry 0 = 512 is past the cache's last slot"):
         pool.set_index_k_scale_buffer(0, torch.tensor([512]), torch.zeros(1, 128, dtype=FP8), torch.ones(1))
-    with pytest.raises(ValueError, match="k: head_dim"):
+    with pytest.raises(ValueError, match="index_k: expected rows of index_head_dim = 128"):
         pool.set_index_k_scale_buffer(0, torch.tensor([5]), torch.zeros(1, 126, dtype=FP8), torch.ones(1))
+    with pytest.raises(ValueError, match="index_k: expected rows of index_head_dim = 128"):  # narrower: the scale would land among token 5's values
+        pool.set_index_k_scale_buffer(0, torch.tensor([5]), torch.zeros(1, 64, dtype=FP8), torch.ones(1))
     assert not buf.any()
 
 

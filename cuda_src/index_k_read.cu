@@ -1,0 +1,113 @@
+// The index-K read as SGLang calls it (GetKAndS; contract: docs/contract.md, "SGLang's
+// index-K read"): each request's tokens out of the paged fp8 indexer cache into contiguous
+// rows, from the request *lengths* (not prefix sums) and an int32 or int64 page table of any
+// strides, in one launch. Rows past the lengths' sum and rows whose indices are bad are
+// written as zeros, so the host allocates the outputs with torch.empty.
+//
+// Work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
+//  1. The block scans the lengths NG_THREADS at a time (one per thread, a block-wide prefix
+//     sum), saturating at INT32_MAX (no row reaches it: the host keeps num_rows + NG_THREADS
+//     <= INT32_MAX). Each of its rows that falls inside the chunk finds its request by a
+//     binary search of the chunk's prefix sums in shared memory, checks its page and parks
+//     (page, token in page) in shared memory (page -1: a zero row). The scan stops once
+//     it has passed the block's last row: early blocks read few lengths.
+//  2. copy_tile (tile_copy.cuh) copies the values and scales, zeros for parked -1 rows.
+// Index values are untrusted: a length that is negative or past INT32_MAX counts as 0 (and is
+// reported in debug mode), a page id outside [0, num_pages) or a column past max_pages leaves
+// the row zero; no value leads outside the cache or the page table.
+#include "index_k_read_params.cuh"
+#include "tile_copy.cuh"
+
+template <typename T>
+__device__ __forceinline__ i64 load_index(const u8* base, i64 i) {
+    return (i64)__ldg(reinterpret_cast<const T*>(base) + i);
+}
+
+// Inclusive prefix sum over the block of each thread's v (<= INT32_MAX each), saturating at
+// INT32_MAX; *total gets the block's saturated sum. Shuffles within warps, then the warp sums.
+__device__ __forceinline__ u32 block_prefix_sat(u32 v, u32* s_warp, u32* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 cap = 0x7fffffffu;
+    for (int d = 1; d < 32; d <<= 1) {
+        const u32 y = (u32)__shfl_sync(0xffffffffu, (int)v, lane >= d ? lane - d : lane);
+        if (lane >= d) v = min(v + y, cap);  // both <= cap: no wrap
+    }
+    if (lane == 31) s_warp[warp] = v;
+    __syncthreads();
+    u32 before = 0, all = 0;
+    for (int w = 0; w < NG_THREADS / 32; ++w) {
+        if (w < warp) before = min(before + s_warp[w], cap);
+        all = min(all + s_warp[w], cap);
+    }
+    *total = all;
+    return min(v + before, cap);
+}
+
+template <int KVEC, int UNROLL, typename LT, typename PT>
+__device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
+    __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row; page -1 = a zero row
+    __shared__ u32 s_inc[NG_THREADS];   // the chunk's inclusive prefix sums (rows before included)
+    __shared__ u32 s_warp[NG_THREADS / 32];
+
+    const int tid = threadIdx.x;
+    const int tpc = (int)p.tokens_per_cta;
+    const int row0 = (int)blockIdx.x * tpc;  // num_rows + NG_THREADS <= INT32_MAX (host)
+    const int end = (int)min((i64)row0 + tpc, p.num_rows);
+    const int n = end - row0;
+    const int row = row0 + tid;  // this thread's row, where tid < n
+    const FastDiv by_page(p.page_size);
+    // Debug mode: block 0 reads every length (and reports the bad ones and a short num_rows).
+    const bool read_all = p.error != 0 && blockIdx.x == 0;
+    if (tid < n) s_loc[tid] = make_int2(-1, 0);
+
+    u32 carry = 0;  // rows of the requests before the chunk, saturated
+    for (u32 c0 = 0; c0 < (u32)p.batch; c0 += NG_THREADS) {
+        const u32 r = c0 + tid;
+        u32 len = 0;
+        if (r < (u32)p.batch) {
+            const i64 x = load_index<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
+            if (x >= 0 && x <= 0x7fffffff) {
+                len = (u32)x;
+            } else {
+                ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
+            }
+        }
+        u32 chunk;
+        const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
+        s_inc[tid] = inc;
+        const u32 stop = min(carry + chunk, 0x7fffffffu);
+        __syncthreads();
+        if (tid < n && (u32)row >= carry && (u32)row < stop) {
+            // The first k of the chunk with s_inc[k] > row: the row's request.
+            int lo = 0, hi = (int)min((u32)NG_THREADS, (u32)p.batch - c0) - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (s_inc[mid] > (u32)row) hi = mid; else lo = mid + 1;
+            }
+            const u32 start = lo ? s_inc[lo - 1] : carry;  // <= row
+            const u32 pos = (u32)row - start;
+            const int rq = (int)(c0 + lo);
+            const u32 j = (u32)by_page((int)pos);
+            if (j < (u32)p.max_pages) {
+                const i64 page = load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
+                if (page >= 0 && page < p.num_pages) {
+                    s_loc[tid] = make_int2((int)page, (int)(pos - j * (u32)p.page_size));
+                } else {
+                    ng_report(p.error, NG_ERR_PAGE_ID, row, rq, page);
+                }
+            } else {
+                ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
+            }
+        }
+        carry = stop;
+        if (carry >= (u32)end && !read_all) break;  // every row of the block placed (uniform)
+        __syncthreads();  // s_inc and s_warp are rewritten by the next chunk
+    }
+    if (read_all && tid == 0 && (i64)carry > p.num_rows) ng_report(p.error, NG_ERR_LENGTH_SUM, carry, p.num_rows, 0);
+    __syncthreads();
+    copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, p.page_size, p.head_dim, p.scale_words, p.dst_k,
+                                  p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
+}
+
+// Entry points: none here. The spec (nvrtc_gather/kernels/index_k_read.py) names them and the
+// body each runs (index_k_read_body<16, 4, i32, i64>, ...); the JIT appends the wrappers.

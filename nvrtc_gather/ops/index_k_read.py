@@ -1,0 +1,237 @@
+"""SGLang's index-K read (``GetKAndS``) as one launch: each request's fp8 keys and fp32 scales
+out of a layer's paged index buffer, packed by request, from SGLang's own arguments (request
+lengths, an int32 or int64 page table of any strides, ``seq_len_sum`` rows). Contract:
+docs/contract.md, "SGLang's index-K read".
+
+On CUDA tensors a call is two ``torch.empty`` (the outputs, as SGLang's function allocates
+them) and one launch of cuda_src/index_k_read.cu: the kernel sums the lengths itself and writes
+every output row (zeros past the lengths' sum and where an index is bad), so nothing else runs
+on the host or the GPU. Repeated layouts (the same buffer shape, index tensors' metadata and
+sizes) redo only the per-call arithmetic. CPU tensors: prefix sums in torch and the indexer
+gather's CPU path, the same bytes, ValueError on a bad value before anything is returned."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .. import settings
+from ..jit import driver, runtime
+from ..kernels import index_k_read as spec
+from . import checks
+from .gather import cp_gather_indexer_k_quant_cache
+
+_U8 = torch.uint8
+INDEX_DTYPES = (torch.int32, torch.int64)
+_C_TYPES = {torch.int32: "i32", torch.int64: "i64"}
+_INT32_MIN = -2**31
+MAX_ROWS = checks.INT32_MAX - spec.THREADS  # the kernel's last block computes its end row in 32 bits
+
+
+def host_int(name: str, value, *, positive: bool = False) -> int:
+    """``value`` as a host int (not a bool, float, string or tensor), >= 0 (> 0 if ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected a host int, got {type(value).__name__}"
+                        + (" (a tensor: pass the value, e.g. int(t), computed where the host already has it)"
+                           if isinstance(value, torch.Tensor) else ""))
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{name}: expected a {'positive' if positive else 'non-negative'} int, got {value}")
+    return value
+
+
+def layout_words(buf, page_size, index_head_dim, quant_block_size) -> int:
+    """nq (fp32 scales per token) after checking the sizes and that ``buf`` is a layer's 2-D
+    uint8 buffer of ``page_size`` tokens per page: per page, ``page_size * index_head_dim``
+    fp8 bytes, then ``page_size * nq`` fp32 scales."""
+    host_int("page_size", page_size, positive=True)
+    host_int("index_head_dim", index_head_dim, positive=True)
+    host_int("quant_block_size", quant_block_size, positive=True)
+    if index_head_dim % quant_block_size:
+        raise ValueError(f"index_head_dim: {index_head_dim} is not a multiple of quant_block_size={quant_block_size}")
+    if index_head_dim % 4:
+        raise ValueError(f"index_head_dim: must be a multiple of 4, got {index_head_dim}")
+    nq = index_head_dim // quant_block_size
+    stride = index_head_dim + 4 * nq
+    checks.tensor("buf", buf)
+    checks.dtype_in("buf", buf, (_U8,))
+    if buf.dim() != 2:
+        raise ValueError(f"buf: expected the layer's 2-D uint8 index buffer [num_pages, page_size * "
+                         f"(index_head_dim + 4 * nq)], got shape {tuple(buf.shape)}")
+    if buf.size(1) != page_size * stride:
+        raise ValueError(f"buf: expected {page_size} * {stride} = {page_size * stride} bytes per page "
+                         f"(page_size={page_size}, index_head_dim={index_head_dim}), got shape {tuple(buf.shape)}")
+    if buf.size(1) > 1 and buf.stride(1) != 1:
+        checks.unit_inner_stride("buf", buf)
+    return nq
+
+
+class ReadPlan(NamedTuple):
+    """One validated call's layout (everything but the pointers and the row count)."""
+
+    device: int          # CUDA ordinal, -1 otherwise
+    nq: int              # fp32 scales per token
+    head_dim: int
+    page_size: int
+    batch: int
+    max_pages: int
+    num_pages: int
+    page_stride: int     # bytes
+    fields: dict         # IndexKReadParams fields but the call's and the error buffer
+    entry_types: tuple   # (lengths C type, page ids C type)
+
+
+def plan_read(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size) -> ReadPlan:
+    """Everything about a call checkable without reading tensor data, but its two host ints."""
+    nq = layout_words(buf, page_size, index_head_dim, quant_block_size)
+    for name, t in (("seq_len_tensor", seq_len_tensor), ("page_indices", page_indices)):
+        checks.tensor(name, t)
+        checks.dtype_in(name, t, INDEX_DTYPES)
+    if seq_len_tensor.dim() != 1:
+        raise ValueError(f"seq_len_tensor: expected [batch], got shape {tuple(seq_len_tensor.shape)}")
+    if page_indices.dim() != 2 or page_indices.size(0) != seq_len_tensor.size(0):
+        raise ValueError(f"page_indices: expected [batch, max_pages] with batch = {seq_len_tensor.size(0)} "
+                         f"(seq_len_tensor's length), got shape {tuple(page_indices.shape)}")
+    dev = checks.same_device({"buf": buf, "seq_len_tensor": seq_len_tensor, "page_indices": page_indices})
+    batch, max_pages = page_indices.shape
+    num_pages = buf.size(0)
+    for name, what, value in (("page_indices", "batch", batch), ("page_indices", "max_pages", max_pages),
+                              ("buf", "num_pages", num_pages), ("buf", "bytes per page", buf.size(1))):
+        checks.fits_int32(name, what, value)
+    page_stride = buf.stride(0)
+    checks.aligned("buf", "stride(0)", page_stride)
+    fields = dict(page_stride=page_stride, dst_k_row_stride=index_head_dim, dst_scale_row_stride=4 * nq,
+                  pt_row_stride=page_indices.stride(0), pt_col_stride=page_indices.stride(1),
+                  seq_lens_stride=seq_len_tensor.stride(0), batch=batch, max_pages=max_pages, num_pages=num_pages,
+                  page_size=page_size, head_dim=index_head_dim, scale_words=nq)
+    return ReadPlan(dev.index if dev.type == "cuda" else -1, nq, index_head_dim, page_size, batch, max_pages,
+                    num_pages, page_stride, fields, (_C_TYPES[seq_len_tensor.dtype], _C_TYPES[page_indices.dtype]))
+
+
+def _check_call(plan: ReadPlan, seq_len_sum, max_seq_len) -> None:
+    if host_int("seq_len_sum", seq_len_sum) > MAX_ROWS:
+        raise ValueError(f"seq_len_sum: {seq_len_sum} rows exceed the supported {MAX_ROWS}")
+    if host_int("max_seq_len", max_seq_len) > plan.max_pages * plan.page_size:
+        raise ValueError(f"max_seq_len: {max_seq_len} tokens do not fit in page_indices' {plan.max_pages} "
+                         f"pages of {plan.page_size}")
+
+
+class ReadLayout(NamedTuple):
+    """What a call with a remembered layout needs besides its pointers and row count."""
+
+    device: int
+    head_dim: int
+    scale_bytes: int     # 4 * nq
+    max_tokens: int      # max_pages * page_size: the largest max_seq_len
+    sm_count: int
+    widths: tuple        # vector width by the low 4 bits of buf's and dst_k's pointers (0: not 4-aligned)
+    entries: dict        # vector width -> entry point
+    image: object        # the struct image with the layout's fields
+    launchers: dict      # vector width -> launcher (per-call grid), made on first use
+
+
+def _layout(plan: ReadPlan) -> ReadLayout:
+    low = plan.page_stride | plan.head_dim
+    widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
+    entries = {vec: spec.entry_name(vec, *plan.entry_types) for vec in spec.VECTOR_WIDTHS}
+    image = spec.PARAMS.image(**plan.fields)
+    return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size,
+                      driver.sm_count(plan.device), widths, entries, image, {})
+
+
+def _launcher(layout: ReadLayout, vec: int):
+    handle = runtime.load(spec.MODULES[vec], layout.device, runtime.current_stream(layout.device))
+    go = layout.launchers[vec] = handle.launcher(layout.entries[vec], 0, layout.image)
+    return go
+
+
+_layouts: dict = {}
+_MAX_LAYOUTS = 256
+
+
+def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int,
+                 max_seq_len: int, page_size: int, index_head_dim: int,
+                 quant_block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_fp8 uint8 ``[seq_len_sum, index_head_dim]``, k_scale uint8 ``[seq_len_sum, 4 * nq]``):
+    the integration's ``get_index_k_scale_buffer`` (its docstring has the contract)."""
+    try:
+        key = (buf.device, buf.dtype, buf.shape, buf.stride(), seq_len_tensor.device, seq_len_tensor.dtype,
+               seq_len_tensor.shape, seq_len_tensor.stride(), page_indices.device, page_indices.dtype,
+               page_indices.shape, page_indices.stride(), page_size, index_head_dim, quant_block_size)
+        layout = _layouts.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable sizes: plan_read names them
+        key = layout = None
+    if layout is not None and type(seq_len_sum) is int and 0 <= seq_len_sum <= MAX_ROWS and \
+            type(max_seq_len) is int and 0 <= max_seq_len <= layout.max_tokens:
+        # The fast path: the outputs, this call's grid, one launch. Fresh outputs cannot
+        # overlap the inputs; only buf's pointer (the layer) is new.
+        dev = buf.device
+        k = torch.empty(seq_len_sum, layout.head_dim, dtype=_U8, device=dev)
+        s = torch.empty(seq_len_sum, layout.scale_bytes, dtype=_U8, device=dev)
+        if not seq_len_sum:
+            return k, s
+        kv_p, k_p = buf.data_ptr(), k.data_ptr()
+        vec = layout.widths[(kv_p | k_p) & 15]
+        if vec:
+            tpc = spec.tokens_per_cta(layout.head_dim, seq_len_sum, layout.sm_count)
+            (layout.launchers.get(vec) or _launcher(layout, vec))(
+                (kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc),
+                0, -(-seq_len_sum // tpc))
+            return k, s
+    plan = plan_read(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size)
+    _check_call(plan, seq_len_sum, max_seq_len)
+    if plan.device < 0:
+        settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
+        return _read_torch(plan, buf, seq_len_tensor, page_indices, seq_len_sum)
+    checks.aligned("buf", "data pointer", buf.data_ptr())
+    layout = _layout(plan)
+    k = torch.empty(seq_len_sum, plan.head_dim, dtype=_U8, device=buf.device)
+    s = torch.empty(seq_len_sum, 4 * plan.nq, dtype=_U8, device=buf.device)
+    if seq_len_sum:
+        kv_p, k_p = buf.data_ptr(), k.data_ptr()
+        vec = spec.vector_width(kv_p | k_p | plan.page_stride | plan.head_dim)
+        tpc = spec.tokens_per_cta(plan.head_dim, seq_len_sum, layout.sm_count)
+        _launcher(layout, vec)((kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(),
+                                seq_len_sum, tpc), 0, -(-seq_len_sum // tpc))
+    if key is not None:
+        if len(_layouts) >= _MAX_LAYOUTS:
+            _layouts.clear()
+        _layouts[key] = layout
+    return k, s
+
+
+# -- the CPU path --------------------------------------------------------------------------------
+
+def _read_torch(plan: ReadPlan, buf, seq_len_tensor, page_indices, seq_len_sum):
+    """CPU tensors: the values checked (ValueError naming the argument), prefix sums in int64,
+    the indexer gather's CPU path into zeroed outputs: the kernel's bytes."""
+    check_values(seq_len_tensor, page_indices, seq_len_sum)
+    k = torch.zeros(seq_len_sum, plan.head_dim, dtype=_U8, device=buf.device)
+    s = torch.zeros(seq_len_sum, 4 * plan.nq, dtype=_U8, device=buf.device)
+    cu_seq_lens = torch.zeros(plan.batch + 1, dtype=torch.int32, device=buf.device)
+    cu_seq_lens[1:] = torch.cumsum(seq_len_tensor, 0, dtype=torch.int64).to(torch.int32)
+    block_table = page_indices.to(torch.int32).contiguous()
+    kv_cache = buf.view(plan.num_pages, plan.page_size, plan.head_dim + 4 * plan.nq)
+    try:
+        cp_gather_indexer_k_quant_cache(kv_cache, k, s, block_table, cu_seq_lens)
+    except ValueError as e:  # a page id the gather refused: said in the caller's names
+        raise ValueError(str(e).replace("block_table", "page_indices").replace("cu_seq_lens", "seq_len_tensor")
+                         .replace("physical block", "page").replace("num_blocks", "num_pages")) from None
+    return k, s
+
+
+def check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int) -> None:
+    """Values that int32 cannot hold, negative lengths, and a seq_len_sum below the lengths'
+    sum (reads the tensors)."""
+    if page_indices.dtype == torch.int64 and page_indices.numel():
+        lo, hi = int(page_indices.min()), int(page_indices.max())
+        if lo < _INT32_MIN or hi > checks.INT32_MAX:
+            raise ValueError(f"page_indices: page ids must fit int32, got values in [{lo}, {hi}]")
+    if seq_len_tensor.numel():
+        lo, hi = int(seq_len_tensor.min()), int(seq_len_tensor.max())
+        total = int(seq_len_tensor.sum(dtype=torch.int64))
+        if lo < 0 or hi > checks.INT32_MAX or total > checks.INT32_MAX:
+            raise ValueError(f"seq_len_tensor: lengths must be >= 0 and sum to at most {checks.INT32_MAX}, got min "
+                             f"{lo}, max {hi}, sum {total}")
+        if total > seq_len_sum:
+            raise ValueError(f"seq_len_sum: {seq_len_sum} rows cannot hold the {total} tokens of seq_len_tensor "
+                             "(seq_len_sum is the sum of the lengths)")

@@ -1,0 +1,212 @@
+"""cuda_src/index_k_read.cu (SGLang's index-K read in one launch) on CPU threads under the host
+emulator: every output byte against a row-by-row reference of SGLang's meaning (outputs
+poisoned first, as torch.empty leaves them), across lengths and page-table dtypes, strides,
+chunks of the lengths' scan, tile sizes and row counts; then hostile index values inside an
+arena of guard bytes (no load outside the tensors, no stray byte, bad rows zero, debug mode
+reports)."""
+import random
+
+import pytest
+import torch
+
+from helpers.host_emu import emu_launch, emulator
+from helpers.index_fuzz import Arena, Launch, first_difference, launch_problem, pack, run_isolated, span
+from nvrtc_gather.kernels import index_k_read as spec
+from nvrtc_gather.ops import index_k_read as op
+
+I32_MAX, I64_MAX = 2**31 - 1, 2**63 - 1
+POISON = 0xA7
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    return emulator(tmp_path_factory, kernel="index_k_read")
+
+
+def reference(buf, lens, pages, num_rows, page_size, hd, nq):
+    """(k, scale) bytes of SGLang's read, row by row: a length outside [0, int32] counts as 0; a
+    row whose page column or page id is out of range is zero; rows past the lengths' sum zero."""
+    num_pages = buf.size(0)
+    k = torch.zeros(num_rows, hd, dtype=torch.uint8)
+    s = torch.zeros(num_rows, 4 * nq, dtype=torch.uint8)
+    row = 0
+    for r, n in enumerate(lens):
+        n = n if 0 <= n <= I32_MAX else 0
+        for pos in range(min(n, num_rows - row)):
+            j = pos // page_size
+            if j < len(pages[r]) and 0 <= pages[r][j] < num_pages:
+                page, t = buf[pages[r][j]], pos % page_size
+                k[row] = page[t * hd:(t + 1) * hd]
+                s[row] = page[page_size * hd + 4 * nq * t: page_size * hd + 4 * nq * (t + 1)]
+            row += 1
+    return k, s
+
+
+def call_fields(plan, kv_p, k_p, s_p, sl_p, pt_p, num_rows, tpc):
+    return dict(plan.fields, kv_cache=kv_p, dst_k=k_p, dst_scale=s_p, seq_lens=sl_p, page_table=pt_p,
+                num_rows=num_rows, tokens_per_cta=tpc)
+
+
+def random_case(rng: random.Random):
+    ps = rng.choice([1, 3, 16, 64])
+    hd = rng.choice([128, 128, 64, 32])
+    nq = rng.choice([q for q in (1, 2) if hd % (q * 4) == 0])
+    batch = rng.choice([0, 1, 2, 5, 40, 300, 520])  # 300, 520: the scan runs over several chunks of 256
+    mean = rng.choice([1, 5, 30]) if batch > 40 else rng.choice([1, 20, 130])
+    lens = [0 if rng.random() < 0.15 else rng.randint(1, 2 * mean) for _ in range(batch)]
+    max_pages = max([-(-n // ps) for n in lens] + [1]) + rng.choice([0, 2])
+    num_pages = rng.randint(max(1, max_pages // 2), max_pages + 4)
+    pages = [[rng.randrange(num_pages) for _ in range(max_pages)] for _ in range(batch)]
+    total = sum(lens)
+    num_rows = total + rng.choice([0, 0, 3, 70])  # SGLang's seq_len_sum may exceed the sum
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 62))
+    stride = hd + 4 * nq
+    buf = torch.randint(0, 256, (num_pages, ps * stride), dtype=torch.uint8, generator=gen)
+    lt, pt = rng.choice([torch.int32, torch.int64]), rng.choice([torch.int32, torch.int64])
+    seq = torch.tensor(lens, dtype=lt)
+    if rng.random() < 0.3:  # a strided lengths tensor
+        seq = torch.stack([seq, seq]).t()[:, 0]
+    table = torch.tensor(pages, dtype=pt).view(batch, max_pages)
+    if rng.random() < 0.4:  # column-major: SGLang's page table is a view of a larger one at times
+        table = table.t().contiguous().t()
+    return buf, seq, table, num_rows, ps, hd, nq, lens, pages
+
+
+def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0):
+    plan = op.plan_read(buf, seq, table, ps, hd, nq and hd // nq)
+    k = torch.full((num_rows, hd), POISON, dtype=torch.uint8)
+    s = torch.full((num_rows, 4 * nq), POISON, dtype=torch.uint8)
+    if num_rows:
+        vec = spec.vector_width(buf.data_ptr() | k.data_ptr() | plan.page_stride | hd)
+        tpc = tpc or spec.tokens_per_cta(hd, num_rows, 132)
+        entry = spec.entry_name(vec, *plan.entry_types)
+        emu_launch(dll, spec.PARAMS, entry, spec.grid(num_rows, tpc),
+                   call_fields(plan, buf.data_ptr(), k.data_ptr(), s.data_ptr(), seq.data_ptr(), table.data_ptr(),
+                               num_rows, tpc), err_ptr)
+    return k, s
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_emulated_read_matches_the_reference(emu, seed):
+    rng = random.Random(seed)
+    buf, seq, table, num_rows, ps, hd, nq, lens, pages = random_case(rng)
+    tpc = rng.choice([None, 8, 37, 128, 256])
+    k, s = run(emu, buf, seq, table, num_rows, ps, hd, nq, tpc)
+    want_k, want_s = reference(buf, lens, pages, num_rows, ps, hd, nq)
+    desc = f"seed {seed}: batch {len(lens)} rows {num_rows} page {ps} hd {hd} nq {nq} tpc {tpc} {seq.dtype} {table.dtype}"
+    assert torch.equal(k, want_k), desc
+    assert torch.equal(s, want_s), desc
+
+
+def test_the_cpu_path_gives_the_kernels_bytes(emu):
+    """get_index_k_scale_buffer on CPU tensors (prefix sums in torch, the gather's CPU path)
+    and the kernel agree, spare rows included."""
+    for seed in range(6):
+        rng = random.Random(100 + seed)
+        buf, seq, table, num_rows, ps, hd, nq, lens, pages = random_case(rng)
+        if any(p >= buf.size(0) for r, n in enumerate(lens) for p in pages[r][:-(-n // ps)]):
+            continue
+        want = run(emu, buf, seq, table, num_rows, ps, hd, nq)
+        got = op.read_index_k(buf, seq, table, num_rows, 0, ps, hd, hd // nq)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seed
+
+
+def test_a_row_count_below_the_lengths_sum_writes_only_its_rows(emu):
+    rng = random.Random(7)
+    buf = torch.randint(0, 256, (6, 16 * 132), dtype=torch.uint8)
+    seq, table = torch.tensor([20, 30]), torch.tensor([[1, 2], [3, 4]])
+    k, s = run(emu, buf, seq, table, 25, 16, 128, 1)
+    want_k, want_s = reference(buf, [20, 30], [[1, 2], [3, 4]], 25, 16, 128, 1)
+    assert torch.equal(k, want_k) and torch.equal(s, want_s)
+    err = torch.zeros(4, dtype=torch.int64)
+    run(emu, buf, seq, table, 25, 16, 128, 1, err_ptr=err.data_ptr())
+    assert err.tolist() == [12, 50, 25, 0]  # NG_ERR_LENGTH_SUM: the lengths sum to 50 > 25 rows
+    del rng
+
+
+@pytest.mark.parametrize("bad, code", [
+    (dict(lens=[5, -3, 4]), 11), (dict(lens=[5, 2**31, 4]), 11), (dict(pages=[[0], [9], [1]]), 14),
+    (dict(pages=[[0], [-1], [1]]), 14), (dict(lens=[5, 17, 4]), 13),
+])
+def test_debug_mode_reports_bad_values_and_their_rows_are_zero(emu, bad, code):
+    lens, pages = bad.get("lens", [5, 3, 4]), bad.get("pages", [[0], [2], [1]])
+    buf = torch.randint(0, 256, (3, 16 * 132), dtype=torch.uint8)
+    seq, table = torch.tensor(lens, dtype=torch.int64), torch.tensor(pages, dtype=torch.int64)
+    err = torch.zeros(4, dtype=torch.int64)
+    k, s = run(emu, buf, seq, table, 30, 16, 128, 1, err_ptr=err.data_ptr())
+    assert err[0] == code
+    want_k, want_s = reference(buf, lens, pages, 30, 16, 128, 1)
+    assert torch.equal(k, want_k) and torch.equal(s, want_s)
+
+
+# --- index fuzz: hostile values inside guard bytes -------------------------------------------------
+
+def fuzz_case(seed: int):
+    rng = random.Random(f"index-k-read-{seed}")
+    ps, hd, nq = rng.choice([1, 16, 64]), 128, 1
+    batch = rng.choice([1, 3, 40, 270])
+    num_pages, max_pages = rng.randint(1, 4), rng.randint(1, 3)
+    lt, pt = rng.choice([torch.int32, torch.int64]), rng.choice([torch.int32, torch.int64])
+    lim = I32_MAX if lt == torch.int32 else I64_MAX
+    pool_l = [-lim - 1, -1, 0, 1, 2, ps, ps + 1, max_pages * ps, max_pages * ps + 1, 2**31 - 1, lim, 7]
+    lens = [rng.choice(pool_l) if rng.random() < 0.3 else rng.randint(0, 3) for _ in range(batch)]
+    plim = I32_MAX if pt == torch.int32 else I64_MAX
+    pool_p = [-plim - 1, -1, num_pages, num_pages + 1, 2**31 - 1, plim, 2**32 + 1 if pt == torch.int64 else 3]
+    pages = [[rng.choice(pool_p) if rng.random() < 0.3 else rng.randrange(num_pages) for _ in range(max_pages)]
+             for _ in range(batch)]
+    num_rows = rng.randint(1, 600)
+    a = Arena()
+    stride = hd + 4 * nq
+    bb = a.alloc(num_pages * ps * stride)
+    bb.copy_(torch.randint(0, 256, bb.shape, dtype=torch.uint8))
+    buf = bb.view(num_pages, ps * stride)
+    sl = a.alloc(batch * lt.itemsize).view(lt)
+    sl.copy_(torch.tensor(lens, dtype=lt))
+    tb = a.alloc(batch * max_pages * pt.itemsize).view(pt).view(batch, max_pages)
+    tb.copy_(torch.tensor(pages, dtype=pt))
+    k = a.alloc(num_rows * hd).view(num_rows, hd)
+    s = a.alloc(num_rows * 4 * nq).view(num_rows, 4 * nq)
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    return dict(arena=a, buf=buf, sl=sl, tb=tb, k=k, s=s, err=err, lens=lens, pages=pages, num_rows=num_rows,
+                ps=ps, hd=hd, nq=nq, desc=f"seed {seed}: batch {batch} {lt} {pt} rows {num_rows} lens {lens[:20]} "
+                                          f"pages {pages[:10]}")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_index_k_read_index_fuzz(emu, debug):
+    cases = [fuzz_case(seed) for seed in range(40)]
+    launches = []
+    for c in cases:
+        plan = op.plan_read(c["buf"], c["sl"], c["tb"], c["ps"], c["hd"], c["hd"] // c["nq"])
+        tpc = spec.tokens_per_cta(c["hd"], c["num_rows"], 4)
+        fields = call_fields(plan, c["buf"].data_ptr(), c["k"].data_ptr(), c["s"].data_ptr(), c["sl"].data_ptr(),
+                             c["tb"].data_ptr(), c["num_rows"], tpc)
+        c["before"] = c["arena"].bytes.clone()
+        vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
+        launches.append(Launch(spec.entry_name(vec, *plan.entry_types), spec.grid(c["num_rows"], tpc),
+                               pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),
+                               [span(c["buf"]), span(c["sl"]), span(c["tb"])]))
+    for c, outcome in zip(cases, run_isolated(emu, launches)):
+        problem = launch_problem(*outcome)
+        assert problem is None, f"{problem}: {c['desc']}"
+        expected = c["before"].clone()
+        want_k, want_s = reference(c["buf"], c["lens"], c["pages"], c["num_rows"], c["ps"], c["hd"], c["nq"])
+        arena0 = c["arena"].bytes.data_ptr()
+        for name, want in (("k", want_k), ("s", want_s)):
+            lo = c[name].data_ptr() - arena0
+            expected[lo: lo + want.numel()] = want.view(-1)
+        code = int(c["err"][0])
+        if debug:
+            lo = c["err"].data_ptr() - arena0
+            expected[lo: lo + 32] = c["err"].view(torch.uint8)
+            bad_len = any(not 0 <= n <= I32_MAX for n in c["lens"])
+            short = sum(n for n in c["lens"] if 0 <= n <= I32_MAX) > c["num_rows"]
+            if bad_len or short:
+                assert code in (11, 12, 13, 14), c["desc"]
+        else:
+            assert code == 0
+        regions = {n: (span(c[n])[0] - arena0, span(c[n])[1] - arena0) for n in ("buf", "sl", "tb", "k", "s", "err")}
+        got = c["arena"].bytes
+        assert torch.equal(got, expected), f"{first_difference(got, expected, regions)}: {c['desc']}"
