@@ -125,14 +125,14 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 
 def ue8m0_v4(b: np.ndarray) -> np.ndarray:
     b = b.astype(np.int64)
-    s = np.ldexp(np.float32(1), b - 127).astype(np.float32)
+    s = np.ldexp(np.float32(1), np.minimum(b, 254) - 127).astype(np.float32)
     s = np.where(b == 0, np.float32(0), s)
     return np.where(b == 255, np.float32(np.inf), s).astype(np.float32)
 
 
 def ue8m0_v41(b: np.ndarray) -> np.ndarray:
     b = b.astype(np.int64)
-    s = np.ldexp(np.float32(1), b - 127).astype(np.float32)   # b = 0 -> 2^-127 (an fp32 subnormal)
+    s = np.ldexp(np.float32(1), np.minimum(b, 254) - 127).astype(np.float32)   # b = 0 -> 2^-127 (an fp32 subnormal)
     return np.where(b == 255, np.float32(np.nan), s).astype(np.float32)
 
 
@@ -159,7 +159,8 @@ def _dequant_v4_f32(data, scales) -> tuple[np.ndarray, np.ndarray]:
     """(NoPE products fp32 [n, 448], RoPE bf16 bits [n, 64])."""
     vals = e4m3_decode(data[:, :V4_NOPE])
     scale = ue8m0_v4(scales[:, : V4_NOPE // V4_TILE])
-    prod = (vals * np.repeat(scale, V4_TILE, axis=1)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):            # 0 x inf -> NaN, as on the GPU
+        prod = (vals * np.repeat(scale, V4_TILE, axis=1)).astype(np.float32)
     rope = data[:, V4_NOPE:V4_DATA].copy().view(np.uint16)        # little-endian bf16, bit for bit
     return prod, rope
 
@@ -179,7 +180,8 @@ def _rows_bf16(data, scales, lay: Layout) -> np.ndarray:
         codes[:, 1::2] = data >> 4
         vals = E2M1[codes].astype(np.float32)
         scale = e4m3_decode(scales)
-    prod = (vals * np.repeat(scale, lay.tile, axis=1)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        prod = (vals * np.repeat(scale, lay.tile, axis=1)).astype(np.float32)
     return bf16_bits(prod)
 
 

@@ -20,6 +20,7 @@ import ast
 import importlib.util
 import os
 import sys
+import tempfile
 import textwrap
 import types
 from pathlib import Path
@@ -63,10 +64,10 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-def _load_file_module(name: str, path: Path, source: str, stubs: dict) -> types.ModuleType:
-    """Import ``source`` (a copy of an engine file, written next to nothing) as module ``name``, with
+def _load_file_module(name: str, source: str, stubs: dict) -> types.ModuleType:
+    """Import ``source`` (an engine file's text, written to a private temp dir) as module ``name``, with
     ``stubs`` predefined; triton.jit reads the source back from the file, so it is a real file."""
-    tmp = Path(os.environ.get("PYTEST_DSV4_TMP", "/tmp")) / f"{name}.py"
+    tmp = Path(tempfile.mkdtemp(prefix="dsv4_engine_")) / f"{name}.py"
     tmp.write_text(source)
     spec = importlib.util.spec_from_file_location(name, tmp)
     mod = importlib.util.module_from_spec(spec)
@@ -87,7 +88,7 @@ def _load_file_module(name: str, path: Path, source: str, stubs: dict) -> types.
 @pytest.fixture(scope="module")
 def sgl():
     kvl_src = SGL_LAYOUT.read_text()
-    kvl = _load_file_module("_dsv4_sgl_kv_layout", SGL_LAYOUT, kvl_src, {})
+    kvl = _load_file_module("_dsv4_sgl_kv_layout", kvl_src, {})
     src = SGL_DEQUANT.read_text()
     lines = src.splitlines(keepends=True)
     for node in ast.parse(src).body:                # blank out `from sglang... import ...` (keep line numbers)
@@ -101,7 +102,7 @@ def sgl():
         "is_fp8_fnuz": lambda: False,
         "is_gfx95_supported": lambda: False,
     }
-    return _load_file_module("_dsv4_sgl_dequant", SGL_DEQUANT, "".join(lines), stubs)
+    return _load_file_module("_dsv4_sgl_dequant", "".join(lines), stubs)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def vllm_kernel():
     lines = src.splitlines(keepends=True)
     body = textwrap.dedent("".join(lines[fn.lineno - 1:fn.end_lineno]))   # the def, without decorators
     mod_src = "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + body
-    mod = _load_file_module("_dsv4_vllm_kernel", VLLM_CACHE_UTILS, mod_src, {})
+    mod = _load_file_module("_dsv4_vllm_kernel", mod_src, {})
     return mod.kernel
 
 
