@@ -38,6 +38,9 @@ template <> struct Vec<4> { typedef u32 T; };
 #define NG_ERR_LENGTH_SUM 12        // the lengths sum to more than the destination's rows
 #define NG_ERR_PAGE_INDEX 13        // token needs a page_table column >= its columns
 #define NG_ERR_PAGE_ID 14           // page_table entry outside [0, num_pages)
+#define NG_ERR_TOKEN_ID 15          // a flat token id outside [0, num_pages * page_size)
+#define NG_ERR_GATHER_LEN 16        // a request gathers more tokens than its sequence has
+#define NG_ERR_OUT_ROWS 17          // a request's row lies past out's rows
 
 // x / d for x >= 0, d > 0: a shift when d is a power of two (block sizes, vectors
 // per row and scales per row usually are), since integer division costs ~20

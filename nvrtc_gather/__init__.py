@@ -12,6 +12,9 @@ Public API:
     cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None)
     gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
                                    kv_cache_dtype, scale, seq_starts=None)
+    dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
+                           DeepSeek-V4's 584-byte MLA record -> bf16 rows (vLLM's form; SGLang's forms:
+                           nvrtc_gather.integrations.sglang)
     preload(device=None)   compile/load every kernel now (e.g. before CUDA-graph capture)
 """
 import logging
@@ -21,6 +24,7 @@ from .errors import (CacheLocationError, CaptureError, CompileError, CudaError, 
                      MissingDependencyError, NvrtcGatherError)
 from .jit.runtime import preload
 from .ops.cache_gather import cp_gather_cache, gather_and_maybe_dequant_cache
+from .ops.dsv4_gather import dequantize_and_gather_k_cache
 from .ops.gather import cp_gather_indexer_k_quant_cache  # importing an op registers torch.ops.nvrtc_gather.*
 from .ops.indexer_k_quant import indexer_k_quant_and_cache
 from .ops.indexer_k_scatter import indexer_k_scatter
@@ -40,6 +44,7 @@ __all__ = [
     "cp_gather_and_upconvert_fp8_kv_cache",
     "cp_gather_cache",
     "gather_and_maybe_dequant_cache",
+    "dequantize_and_gather_k_cache",
     "preload",
     "NvrtcGatherError",
     "MissingDependencyError",

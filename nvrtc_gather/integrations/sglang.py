@@ -36,7 +36,7 @@ import threading
 import torch
 
 from .. import indexer_k_scatter
-from ..ops import checks, index_k_read
+from ..ops import checks, dsv4_gather, index_k_read
 from ..ops import indexer_k_scatter as indexer_k_scatter_op
 
 log = logging.getLogger(__name__)
@@ -303,6 +303,8 @@ def set_index_k_scale_buffer(buf: torch.Tensor, loc: torch.Tensor, index_k: torc
 
 def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size) -> None:
     try:
+        if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
+            raise TypeError  # 64.0 == 64 would find the int's layout: the checks refuse it by name
         key = (buf.device, buf.dtype, buf.shape, buf.stride(), loc.device, loc.dtype, loc.shape, loc.stride(),
                index_k.device, index_k.dtype, index_k.shape, index_k.stride(), index_k_scale.device,
                index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), page_size, index_head_dim,
@@ -350,3 +352,27 @@ def _check_rows(loc, index_k, index_k_scale, index_head_dim: int, nq: int) -> No
     for name, t in (("index_k", index_k), ("index_k_scale", index_k_scale)):
         if t.size(0) < n:
             raise ValueError(f"{name}: {t.size(0)} rows, fewer than loc's {n} entries (one row per slot)")
+
+
+# -- DeepSeek-V4's record gathers (SGLang 0.5.23's sglang.kernels.ops.attention.dsv4.dequant_k_cache) --------
+
+def dequantize_k_cache_paged_dsv4(quant_k_cache: torch.Tensor, page_table_1_flattened: torch.Tensor,
+                                  page_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SGLang's bf16 gather of the V4 record (584 bytes a token): row k of ``out`` (bf16 ``[n, 1,
+    512]``, allocated with ``torch.empty`` when None, any row stride) is token
+    ``page_table_1_flattened[k]`` (int32/int64 flat ids, page * page_size + slot) of the pool's
+    buffer ``quant_k_cache`` (uint8 ``[num_pages, page bytes]``, any page stride), NoPE values
+    times their UE8M0 scale rounded to bf16, RoPE copied. One launch on CUDA tensors; a token id
+    outside the buffer gives a zero row (NVRTC_GATHER_DEBUG=1 raises; CPU tensors: ValueError).
+    Returns ``out``."""
+    return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, 0, False)
+
+
+def gather_dequant_requant_fp8_paged_dsv4(quant_k_cache: torch.Tensor, page_table_1_flattened: torch.Tensor,
+                                          page_size: int, extra_rows: int = 0,
+                                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """SGLang's Q8KV8 gather (sparse prefill): as :func:`dequantize_k_cache_paged_dsv4`, but each
+    NoPE product and RoPE value cast to fp8 e4m3 (round to nearest even, saturating at +-448,
+    NaN 0x7f), into ``out`` fp8 ``[n + extra_rows, 1, 512]`` whose last ``extra_rows`` rows are
+    zero (the backend's landing rows); one launch, zero rows included. Returns ``out``."""
+    return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, True)

@@ -27,6 +27,9 @@ ERRORS = {  # name -> (code, message with the kernel's details a, b, c)
     "NG_ERR_LENGTH": (11, "seq_len_tensor: entry {a} = {b} is negative or past int32"),
     "NG_ERR_LENGTH_SUM": (12, "seq_len_sum: the lengths sum to {a}, more than seq_len_sum = {b} rows"),
     "NG_ERR_PAGE_INDEX": (13, "page_indices: row {a} (request {b}) needs page column {c}, past page_indices' columns"),
+    "NG_ERR_TOKEN_ID": (15, "page_table_1_flattened: row {a} has token id {b}, outside [0, num_pages * page_size = {c})"),
+    "NG_ERR_GATHER_LEN": (16, "gather_lens: request {a} gathers {b} tokens, more than its seq_lens entry {c}"),
+    "NG_ERR_OUT_ROWS": (17, "out: request {a} needs row {b}, past out's {c} rows (offset + gather length)"),
     "NG_ERR_PAGE_ID": (14, "page_indices: row {a} (request {b}) maps to page {c}, outside [0, num_pages)"),
 }
 _MESSAGES = {code: message for code, message in ERRORS.values()}

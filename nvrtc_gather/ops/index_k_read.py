@@ -154,6 +154,8 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
     """(k_fp8 uint8 ``[seq_len_sum, index_head_dim]``, k_scale uint8 ``[seq_len_sum, 4 * nq]``):
     the integration's ``get_index_k_scale_buffer`` (its docstring has the contract)."""
     try:
+        if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
+            raise TypeError  # 64.0 == 64 would find the int's layout: the checks refuse it by name
         key = (buf.device, buf.dtype, buf.shape, buf.stride(), seq_len_tensor.device, seq_len_tensor.dtype,
                seq_len_tensor.shape, seq_len_tensor.stride(), page_indices.device, page_indices.dtype,
                page_indices.shape, page_indices.stride(), page_size, index_head_dim, quant_block_size)

@@ -43,6 +43,7 @@ struct uint4 {
     uint4& operator=(const uint4& o) { emu_check_align(this, 16); x = o.x; y = o.y; z = o.z; w = o.w; return *this; }
 };
 static inline uint2 make_uint2(unsigned int a, unsigned int b) { return uint2{a, b}; }
+static inline uint4 make_uint4(unsigned int a, unsigned int b, unsigned int c, unsigned int d) { return uint4{a, b, c, d}; }
 struct int2 { int x, y; };
 static inline int2 make_int2(int a, int b) { return int2{a, b}; }
 struct EmuIdx { unsigned int x; };

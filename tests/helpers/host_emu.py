@@ -9,7 +9,7 @@ import pytest
 
 from nvrtc_gather.jit import sources
 from nvrtc_gather.kernels import cache_gather, gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache
-from nvrtc_gather.kernels import index_k_read, indexer_k_scatter as scatter_kernels
+from nvrtc_gather.kernels import dsv4_gather, index_k_read, indexer_k_scatter as scatter_kernels
 
 _BUILDS: dict = {}
 # kernel -> its family's modules: one emulator build holds every entry point of the family
@@ -23,6 +23,7 @@ KERNELS = {
     "cache_gather": {**cache_gather.MODULES, **{("tiny", c): m for c, m in cache_gather.TINY_MODULES.items()}},
     "scatter": scatter_kernels.MODULES,
     "index_k_read": index_k_read.MODULES,
+    "dsv4": {"flat": dsv4_gather.FLAT_MODULE, "paged": dsv4_gather.PAGED_MODULE},
 }
 
 

@@ -64,7 +64,7 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-def _load_file_module(name: str, source: str, stubs: dict) -> types.ModuleType:
+def _load_file_module(name: str, source: str, stubs: dict, interpret: bool = True) -> types.ModuleType:
     """Import ``source`` (an engine file's text, written to a private temp dir) as module ``name``, with
     ``stubs`` predefined; triton.jit reads the source back from the file, so it is a real file."""
     tmp = Path(tempfile.mkdtemp(prefix="dsv4_engine_")) / f"{name}.py"
@@ -73,7 +73,7 @@ def _load_file_module(name: str, source: str, stubs: dict) -> types.ModuleType:
     mod = importlib.util.module_from_spec(spec)
     mod.__dict__.update(stubs)
     old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"          # triton.jit picks the interpreter when decorating
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"  # triton.jit picks the interpreter when decorating
     try:
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -87,8 +87,14 @@ def _load_file_module(name: str, source: str, stubs: dict) -> types.ModuleType:
 
 @pytest.fixture(scope="module")
 def sgl():
+    return load_sglang(interpret=True)
+
+
+def load_sglang(interpret: bool) -> types.ModuleType:
+    """SGLang's dequant_k_cache.py with its sglang imports stubbed; ``interpret=False``: compiled
+    for the GPU (tests/gpu/test_dsv4_gather_gpu.py)."""
     kvl_src = SGL_LAYOUT.read_text()
-    kvl = _load_file_module("_dsv4_sgl_kv_layout", kvl_src, {})
+    kvl = _load_file_module("_dsv4_sgl_kv_layout", kvl_src, {}, interpret)
     src = SGL_DEQUANT.read_text()
     lines = src.splitlines(keepends=True)
     for node in ast.parse(src).body:                # blank out `from sglang... import ...` (keep line numbers)
@@ -102,7 +108,7 @@ def sgl():
         "is_fp8_fnuz": lambda: False,
         "is_gfx95_supported": lambda: False,
     }
-    return _load_file_module("_dsv4_sgl_dequant", "".join(lines), stubs)
+    return _load_file_module("_dsv4_sgl_dequant", "".join(lines), stubs, interpret)
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,18 @@ import pytest
 
 from nvrtc_gather import kernels
 from nvrtc_gather.jit import compiler, debug_errors, sources, spec
-from nvrtc_gather.kernels import cache_gather, gather as gather_kernels, index_k_read, indexer_k_quant as quant_kernels
+from nvrtc_gather.kernels import cache_gather, dsv4_gather, gather as gather_kernels, index_k_read, indexer_k_quant as quant_kernels
 from nvrtc_gather.kernels import mla_cache
 from nvrtc_gather.kernels import indexer_k_scatter as scatter_kernels
 
 _KIND = {"i64": "i64", "i32": "i32"}
 # every parameter struct and the header declaring it
 FAMILIES = [(gather_kernels.PARAMS, "gather_params.cuh"), (quant_kernels.PARAMS, "quant_params.cuh"),
-            (index_k_read.PARAMS, "index_k_read_params.cuh"),
+            (index_k_read.PARAMS, "index_k_read_params.cuh"), (dsv4_gather.PARAMS, "dsv4_params.cuh"),
             (mla_cache.WRITE_PARAMS, "mla_params.cuh"), (mla_cache.GATHER_PARAMS, "mla_params.cuh"),
             (cache_gather.PARAMS, "cache_gather_params.cuh"), (scatter_kernels.PARAMS, "scatter_params.cuh")]
-FAMILY_IDS = ["gather", "quant", "index_k_read", "mla_write", "mla_gather", "cache_gather", "scatter"]
-KERNEL_SOURCES = ("gather_indexer_k.cu", "index_k_read.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu", "cache_gather.cu",
+FAMILY_IDS = ["gather", "quant", "index_k_read", "dsv4", "mla_write", "mla_gather", "cache_gather", "scatter"]
+KERNEL_SOURCES = ("gather_indexer_k.cu", "index_k_read.cu", "dsv4_gather.cu", "quant_cache.cu", "mla_write.cu", "mla_gather.cu", "cache_gather.cu",
                   "indexer_k_scatter.cu")
 
 

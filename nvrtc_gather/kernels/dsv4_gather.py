@@ -1,0 +1,47 @@
+"""The DeepSeek-V4 record gathers (cuda_src/dsv4_gather.cu): the parameter struct, SGLang's flat
+token-id forms (bf16 or fp8 out, int32 or int64 ids) and vLLM's paged form, and the grid
+policy. Torch-free."""
+from __future__ import annotations
+
+from ..jit.spec import Entry, KernelModule, ParamStruct, register
+
+THREADS = 256
+ROWS_PER_CTA = THREADS // 64 * 4  # 64 threads a token, four passes (NG_V4_ROWS)
+RECORD_BYTES = 584                # 448 fp8 NoPE + 64 bf16 RoPE + 7 UE8M0 scales + 1 pad
+DATA_BYTES, SCALE_BYTES = 576, 8  # a page: every token's data, then every token's scales
+ROW_VALUES = 512                  # values of an output row
+PAGE_ALIGN = 576                  # the engines pad a page to a multiple of one data record
+PARAMS = ParamStruct("DsV4GatherParams", (
+    ("cache", "ptr"), ("out", "ptr"), ("ids", "ptr"), ("seq_lens", "ptr"), ("gather_lens", "ptr"),
+    ("rows", "i64"), ("num_ids", "i64"), ("out_row_stride", "i64"), ("out_req_stride", "i64"),
+    ("ids_stride", "i64"), ("max_blocks", "i64"), ("offset", "i64"), ("tiles_per_req", "i64"),
+    ("page_stride", "i64"), ("num_slots", "i64"),
+    ("page_size", "i32"), ("num_pages", "i32"),
+    ("error", "ptr"),
+))
+CALL_FIELDS = PARAMS.names[:13]  # written by each call (pointers, sizes and strides of its tensors)
+
+
+def flat_entry(fp8_out: bool, ids: str) -> str:
+    return f"dsv4_flat_{'fp8' if fp8_out else 'bf16'}_{ids}"
+
+
+PAGED_ENTRY = "dsv4_paged_bf16"
+FLAT_MODULE = KernelModule(
+    name="dsv4_flat", source="dsv4_gather.cu",
+    entries=tuple(Entry(flat_entry(f, it), f"dsv4_flat_body<{it}, {'true' if f else 'false'}>")
+                  for f in (False, True) for it in ("i32", "i64")),
+    params=PARAMS, label="dsv4 record gather (SGLang)", threads=THREADS)
+PAGED_MODULE = KernelModule(
+    name="dsv4_paged", source="dsv4_gather.cu", entries=(Entry(PAGED_ENTRY, "dsv4_paged_body"),),
+    params=PARAMS, label="dequantize_and_gather_k_cache", threads=THREADS)
+register(FLAT_MODULE, PAGED_MODULE)
+
+
+def page_bytes(page_size: int) -> int:
+    """The page stride both engines allocate: the records rounded up to a multiple of 576."""
+    return -(-page_size * RECORD_BYTES // PAGE_ALIGN) * PAGE_ALIGN
+
+
+def tiles(rows: int) -> int:
+    return -(-rows // ROWS_PER_CTA)

@@ -1,0 +1,218 @@
+"""DeepSeek-V4's MLA record (584 bytes a token) gathered and dequantized, in the engines' forms
+(contract: docs/contract.md, "DeepSeek-V4 record gathers"):
+
+- ``dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size,
+  offset)``: vLLM's (bf16 ``[reqs, M, 512]``, per-request rows through a block table);
+- ``gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)``: SGLang's two functions
+  (flat token ids; bf16 rows, or fp8 rows with ``extra_rows`` zero rows after them).
+
+One launch of cuda_src/dsv4_gather.cu on CUDA tensors; the remembered layout is the cache's (its
+metadata, the ids' dtype, the page size), so a call whose only change is its row count, its
+output or its index tensors (every prefill chunk) redoes only cheap shape checks. CPU tensors:
+dsv4_gather_torch.py, the same bytes, ValueError on a bad index value."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .. import settings
+from ..jit import runtime
+from ..kernels import dsv4_gather as spec
+from . import checks
+from .dsv4_gather_torch import flat_torch, paged_torch
+
+_U8, _FP8, _BF16, _I32, _I64 = torch.uint8, torch.float8_e4m3fn, torch.bfloat16, torch.int32, torch.int64
+_CACHE_DTYPES = (_U8, _FP8)
+_C_TYPES = {_I32: "i32", _I64: "i64"}
+
+
+class CacheLayout(NamedTuple):
+    """A validated cache: what every call on it shares."""
+
+    device: int          # CUDA ordinal, -1 for CPU
+    num_pages: int
+    page_size: int
+    page_stride: int     # bytes
+    image: object        # the struct image with the cache's fields (None on CPU)
+    launchers: dict      # entry -> launcher (per-call grid), made on first use
+
+
+def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayout:
+    checks.tensor(name, cache)
+    checks.dtype_in(name, cache, _CACHE_DTYPES)
+    if isinstance(page_size, bool) or not isinstance(page_size, int):
+        raise TypeError(f"{'block_size' if three_d else 'page_size'}: expected a host int, got "
+                        f"{type(page_size).__name__}")
+    size_name = "block_size" if three_d else "page_size"
+    if page_size < 1:
+        raise ValueError(f"{size_name}: expected a positive int, got {page_size}")
+    if three_d:
+        if cache.dim() != 3 or cache.size(1) != page_size or cache.size(2) != spec.RECORD_BYTES:
+            raise ValueError(f"{name}: expected uint8 [num_blocks, block_size={page_size}, {spec.RECORD_BYTES}], got "
+                             f"shape {tuple(cache.shape)}")
+        if cache.size(0) > 1 and cache.stride(0) < page_size * spec.RECORD_BYTES or \
+                page_size > 1 and cache.stride(1) != spec.RECORD_BYTES or cache.stride(2) != 1:
+            raise ValueError(f"{name}: expected strides (block bytes >= {page_size * spec.RECORD_BYTES}, "
+                             f"{spec.RECORD_BYTES}, 1): a block's records then its scale rows, got {cache.stride()}")
+    else:
+        if cache.dim() != 2 or cache.size(1) < page_size * spec.RECORD_BYTES:
+            raise ValueError(f"{name}: expected the pool's 2-D buffer [num_pages, page bytes >= page_size * "
+                             f"{spec.RECORD_BYTES} = {page_size * spec.RECORD_BYTES}], got shape {tuple(cache.shape)}")
+        if cache.size(1) > 1 and cache.stride(1) != 1:
+            checks.unit_inner_stride(name, cache)
+    num_pages, page_stride = cache.size(0), cache.stride(0)
+    checks.fits_int32(name, "num_pages * page_size", num_pages * page_size)
+    dev = cache.device
+    if dev.type != "cuda":
+        return CacheLayout(-1, num_pages, page_size, page_stride, None, {})
+    checks.aligned(name, "stride(0)", page_stride, 16)
+    image = spec.PARAMS.image(page_stride=page_stride, num_slots=num_pages * page_size, page_size=page_size,
+                              num_pages=num_pages)
+    return CacheLayout(dev.index, num_pages, page_size, page_stride, image, {})
+
+
+_layouts: dict = {}
+
+
+def _remembered(cache, page_size, name, three_d) -> CacheLayout:
+    if type(page_size) is not int:  # 16.0 == 16 would find the int's layout: refuse it by name
+        return _cache_layout(cache, page_size, name, three_d)
+    try:
+        key = (cache.device, cache.dtype, cache.shape, cache.stride(), page_size, three_d)
+        layout = _layouts.get(key)
+    except (AttributeError, TypeError):
+        return _cache_layout(cache, page_size, name, three_d)  # raises, naming the argument
+    if layout is None:
+        layout = _cache_layout(cache, page_size, name, three_d)
+        if len(_layouts) >= 256:
+            _layouts.clear()
+        _layouts[key] = layout
+    return layout
+
+
+def _launch(layout: CacheLayout, module, entry: str, blocks: int, call: tuple) -> None:
+    go = layout.launchers.get(entry)
+    if go is None:
+        handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
+        go = layout.launchers[entry] = handle.launcher(entry, 0, layout.image)
+    go(call, 0, blocks)
+
+
+def _aligned16(name: str, ptr: int) -> None:
+    if ptr & 15:
+        checks.aligned(name, "data pointer", ptr, 16)
+
+
+# -- SGLang's forms --------------------------------------------------------------------------------
+
+def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
+    """SGLang's ``dequantize_k_cache_paged_dsv4`` (bf16, ``extra_rows`` 0) and
+    ``gather_dequant_requant_fp8_paged_dsv4`` (fp8): row r < n of ``out`` ``[n + extra_rows, 1,
+    512]`` from token id ``ids[r]``, rows n .. n + extra_rows - 1 zero; ``out`` allocated with
+    ``torch.empty`` when None (the kernel writes every row). Returns ``out``."""
+    layout = _remembered(cache, page_size, "quant_k_cache", False)
+    checks.tensor("page_table_1_flattened", ids)
+    if ids.dtype not in _C_TYPES or ids.dim() != 1:
+        checks.dtype_in("page_table_1_flattened", ids, (_I32, _I64))
+        checks.rank("page_table_1_flattened", ids, 1, "[n] (flat token ids: page * page_size + slot)")
+    if isinstance(extra_rows, bool) or not isinstance(extra_rows, int) or extra_rows < 0:
+        raise (TypeError if not isinstance(extra_rows, int) else ValueError)(
+            f"extra_rows: expected a non-negative host int, got {extra_rows!r}")
+    n = ids.size(0)
+    rows = n + extra_rows
+    dtype = _FP8 if fp8_out else _BF16
+    if out is None:
+        out = torch.empty(rows, 1, spec.ROW_VALUES, dtype=dtype, device=cache.device)
+    else:
+        checks.tensor("out", out)
+        if out.dtype != dtype or tuple(out.shape) != (rows, 1, spec.ROW_VALUES):
+            raise ValueError(f"out: expected {dtype} of shape ({rows}, 1, {spec.ROW_VALUES}), got {out.dtype} "
+                             f"{tuple(out.shape)}")
+        if out.stride(2) != 1:
+            checks.unit_inner_stride("out", out)
+    if ids.device != cache.device or out.device != cache.device:
+        checks.same_device({"quant_k_cache": cache, "page_table_1_flattened": ids, "out": out})
+    if layout.device < 0:
+        settings.debug_enabled()
+        flat_torch(cache, ids, layout.page_size, out, n, fp8_out)
+        return out
+    if rows:
+        out_p, row_bytes = out.data_ptr(), out.stride(0) * out.element_size()
+        _aligned16("quant_k_cache", cache.data_ptr())
+        if (out_p | (row_bytes if rows > 1 else 0)) & 15:
+            checks.aligned("out", "data pointer and row stride", out_p | row_bytes, 16)
+        _launch(layout, spec.FLAT_MODULE, spec.flat_entry(fp8_out, _C_TYPES[ids.dtype]), spec.tiles(rows),
+                (cache.data_ptr(), out_p, ids.data_ptr(), 0, 0, rows, n, row_bytes, 0, ids.stride(0), 0, 0, 0))
+    return out
+
+
+# -- vLLM's form -----------------------------------------------------------------------------------
+
+def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor,
+                                  gather_lens: torch.Tensor | None, block_table: torch.Tensor, block_size: int,
+                                  offset: int) -> None:
+    """vLLM's DeepSeek-V4 prefill gather (``vllm.models.deepseek_v4.common.ops``): request r's
+    rows ``offset .. offset + g - 1`` of ``out[r]`` (bf16 ``[reqs, M, 512]``), g = ``gather_lens[r]``
+    (``seq_lens[r]`` when ``gather_lens`` is None), dequantized from cache positions
+    ``seq_lens[r] - g .. seq_lens[r] - 1`` through ``block_table[r]``; other rows untouched.
+    ``k_cache``: uint8 ``[num_blocks, block_size, 584]``, a block's records then its scale rows,
+    the block stride padded as vLLM allocates it. One launch on CUDA tensors, no host sync;
+    rows with bad indices are skipped (NVRTC_GATHER_DEBUG=1 raises); CPU tensors: ValueError."""
+    layout = _remembered(k_cache, block_size, "k_cache", True)
+    _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache)
+    reqs, m = out.size(0), out.size(1)
+    if layout.device < 0:
+        settings.debug_enabled()
+        paged_torch(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
+        return
+    rows = m - offset
+    if reqs == 0 or rows <= 0:
+        return
+    out_p = out.data_ptr()
+    _aligned16("k_cache", k_cache.data_ptr())
+    if (out_p | out.stride(0) * 2 | out.stride(1) * 2) & 15:
+        checks.aligned("out", "data pointer and row strides", out_p | out.stride(0) * 2 | out.stride(1) * 2, 16)
+    tiles = spec.tiles(rows)
+    _launch(layout, spec.PAGED_MODULE, spec.PAGED_ENTRY, reqs * tiles,
+            (k_cache.data_ptr(), out_p, block_table.data_ptr(), seq_lens.data_ptr(),
+             0 if gather_lens is None else gather_lens.data_ptr(), m, reqs, out.stride(1) * 2, out.stride(0) * 2,
+             block_table.stride(0), block_table.size(1), offset, tiles))
+
+
+def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> None:
+    named = {"out": out, "seq_lens": seq_lens, "block_table": block_table}
+    if gather_lens is not None:
+        named["gather_lens"] = gather_lens
+    for name, t in named.items():
+        checks.tensor(name, t)
+    checks.dtype_in("out", out, (_BF16,))
+    for name in ("seq_lens", "gather_lens", "block_table"):
+        if name in named:
+            checks.dtype_in(name, named[name], (_I32,))
+    checks.rank("out", out, 3, f"[num_reqs, max_rows, {spec.ROW_VALUES}]")
+    if out.size(2) != spec.ROW_VALUES:
+        raise ValueError(f"out: expected {spec.ROW_VALUES} values a row, got shape {tuple(out.shape)}")
+    if out.stride(2) != 1:
+        checks.unit_inner_stride("out", out)
+    reqs = out.size(0)
+    for name in ("seq_lens", "gather_lens"):
+        if name in named and (named[name].dim() != 1 or named[name].size(0) != reqs):
+            raise ValueError(f"{name}: expected int32 [num_reqs = {reqs}] (out's dim 0), got shape "
+                             f"{tuple(named[name].shape)}")
+        if name in named and reqs > 1 and named[name].stride(0) != 1:
+            checks.unit_inner_stride(name, named[name])
+    if block_table.dim() != 2 or block_table.size(0) != reqs:
+        raise ValueError(f"block_table: expected int32 [num_reqs = {reqs}, max_blocks], got shape "
+                         f"{tuple(block_table.shape)}")
+    if block_table.size(1) > 1 and block_table.stride(1) != 1:
+        checks.unit_inner_stride("block_table", block_table)
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset: expected a host int, got {type(offset).__name__}")
+    if offset < 0:
+        raise ValueError(f"offset: expected a non-negative int, got {offset}")
+    if any(t.device != k_cache.device for t in named.values()):
+        checks.same_device({"k_cache": k_cache, **named})
+    for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",
+                                                                          block_table.size(1))):
+        checks.fits_int32(name, what, value)

@@ -1,0 +1,116 @@
+"""DeepSeek-V4's record gathers on the GPU: every layout and form byte for byte against the
+independent reference (tests/helpers/dsv4_reference.py) and the CPU path, outputs poisoned
+first; against SGLang 0.5.23's own Triton kernels where their source is at hand (the carried
+wheel, or NVRTC_GATHER_SGLANG_SRC); bad indices; and one launch, no sync, per call."""
+import random
+
+import pytest
+import torch
+
+import nvrtc_gather as ng
+from helpers import dsv4_reference as ref
+from nvrtc_gather.integrations import sglang as sg
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+
+def _poison(t):
+    t.view(torch.uint8).fill_(0xA5)
+    return t
+
+
+@pytest.mark.parametrize("ps", [64, 16, 2])
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("scales", [(110, 135), (0, 255)])
+def test_flat_forms_match_the_reference(ps, ids_dtype, scales):
+    cache = ref.build_cache("v4", 37, ps, seed=ps, scale_range=scales)
+    ids = ref.random_token_ids(37, ps, 301, seed=ps, dtype=ids_dtype)
+    want = ref.dequantize_k_cache_paged_dsv4(cache, ids, ps)
+    got = sg.dequantize_k_cache_paged_dsv4(cache.cuda(), ids.cuda(), ps)
+    nan = torch.isnan(want.float())
+    assert torch.equal(got.cpu().view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+    assert torch.isnan(got.cpu().float()[nan]).all()
+    out = _poison(torch.empty(301 + 3, 1, 512, dtype=torch.float8_e4m3fn, device="cuda"))
+    want8 = ref.gather_dequant_requant_fp8_paged_dsv4(cache, ids, ps, extra_rows=3)
+    got8 = sg.gather_dequant_requant_fp8_paged_dsv4(cache.cuda(), ids.cuda(), ps, extra_rows=3, out=out)
+    assert got8 is out
+    assert torch.equal(got8.cpu().view(torch.uint8), want8.view(torch.uint8))
+    # the CPU path gives the kernel's bytes (NaNs included)
+    cpu = sg.dequantize_k_cache_paged_dsv4(cache, ids, ps)
+    assert torch.equal(cpu.view(torch.int16), got.cpu().view(torch.int16))
+
+
+@pytest.mark.parametrize("bs", [64, 16])
+@pytest.mark.parametrize("with_gather_lens", [False, True])
+def test_vllm_form_matches_the_reference(bs, with_gather_lens):
+    rng = random.Random(bs)
+    seq = [rng.randint(0, 300) for _ in range(7)] + [0]
+    nb = sum(-(-s // bs) for s in seq) + 3
+    cache = ref.build_cache("v4", nb, bs, seed=bs)
+    k_cache = ref.vllm_view(cache, bs)
+    bt = ref.random_requests(nb, bs, seq, seed=bs)
+    gl = torch.tensor([rng.randint(0, s) if s else 0 for s in seq], dtype=torch.int32) if with_gather_lens else None
+    sl = torch.tensor(seq, dtype=torch.int32)
+    offset = rng.choice([0, 5])
+    m = offset + max(seq) + 4
+    want = _poison(torch.empty(len(seq), m, 512, dtype=torch.bfloat16))
+    out = want.cuda()
+    ref.dequantize_and_gather_k_cache(want, k_cache, sl, gl, bt, bs, offset)
+    ng.dequantize_and_gather_k_cache(out, k_cache.cuda(), sl.cuda(), None if gl is None else gl.cuda(),
+                                     bt.cuda(), bs, offset)
+    assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))  # untouched rows stay poisoned
+
+
+def test_bad_indices_give_zero_rows_and_debug_mode_raises(monkeypatch):
+    cache = ref.build_cache("v4", 4, 16, seed=3).cuda()
+    ids = torch.tensor([3, -1, 64, 5, 2**40], device="cuda")
+    out = sg.dequantize_k_cache_paged_dsv4(cache, ids, 16)
+    assert not out[[1, 2, 4]].view(torch.int16).any() and out[[0, 3]].view(torch.int16).any()
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    with pytest.raises(ValueError, match="page_table_1_flattened: row 1 has token id -1"):
+        sg.dequantize_k_cache_paged_dsv4(cache, ids, 16)
+
+
+def test_each_call_is_one_launch_without_a_sync():
+    cache = ref.build_cache("v4", 40, 64, seed=1).cuda()
+    ids = ref.random_token_ids(40, 64, 2000, seed=1).cuda()
+    k_cache = ref.vllm_view(cache.cpu(), 64).cuda()
+    sl = torch.tensor([100, 700], dtype=torch.int32, device="cuda")
+    bt = ref.random_requests(40, 64, [100, 700], seed=1).cuda()
+    out = torch.empty(2, 700, 512, dtype=torch.bfloat16, device="cuda")
+    calls = [lambda: sg.dequantize_k_cache_paged_dsv4(cache, ids, 64),
+             lambda: sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 64, extra_rows=1),
+             lambda: ng.dequantize_and_gather_k_cache(out, k_cache, sl, None, bt, 64, 0)]
+    for call in calls:
+        call()  # load once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for call in calls:
+                call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 3, [e.name for e in kernels]
+
+
+def test_sglangs_own_triton_kernels_give_the_same_bytes():
+    from tests.integrations import test_dsv4_engine_kernels_interpreted as eng
+    if eng.SGL_DEQUANT is None:
+        pytest.skip("SGLang 0.5.23's dsv4 sources are not installed here")
+    if eng._TRITON is not None:
+        pytest.skip(eng._TRITON)
+    mod = eng.load_sglang(interpret=False)
+    for ps in (64, 2):
+        cache = ref.build_cache("v4", 37, ps, seed=ps, scale_range=(0, 255)).cuda()
+        ids = ref.random_token_ids(37, ps, 999, seed=ps).cuda()
+        theirs = mod.dequantize_k_cache_paged_dsv4(cache, ids, ps)
+        ours = sg.dequantize_k_cache_paged_dsv4(cache, ids, ps)
+        assert torch.equal(theirs.view(torch.int16), ours.view(torch.int16))
+        theirs8 = mod.gather_dequant_requant_fp8_paged_dsv4(cache, ids, ps, extra_rows=1)
+        ours8 = sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, ps, extra_rows=1)
+        assert torch.equal(theirs8.view(torch.uint8), ours8.view(torch.uint8))

@@ -1,0 +1,78 @@
+"""SGLang's index-K read and write entries on the GPU (one launch each): bytes against the CPU
+path across lengths / page-table dtypes and strides, spare rows zero, bad indices zero rows
+(debug mode raises), and no host sync and exactly one kernel per call."""
+import random
+
+import pytest
+import torch
+
+from nvrtc_gather.integrations import sglang as sg
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+
+def case(rng, batch, mean, ps=64, lt=torch.int32, pt=torch.int32, strided=False, spare=0):
+    lens = [rng.randint(0, 2 * mean) for _ in range(batch)]
+    max_pages = max([-(-n // ps) for n in lens] + [1])
+    num_pages = sum(-(-n // ps) for n in lens) + 3
+    perm = list(range(num_pages))
+    rng.shuffle(perm)
+    pages, k = [], 0
+    for n in lens:
+        need = -(-n // ps)
+        pages.append(perm[k:k + need] + [-1] * (max_pages - need))
+        k += need
+    buf = torch.randint(0, 256, (num_pages, ps * 132), dtype=torch.uint8)
+    table = torch.tensor(pages, dtype=pt).view(batch, max_pages)
+    if strided:
+        table = table.t().contiguous().t()
+    return buf, torch.tensor(lens, dtype=lt), table, sum(lens) + spare, max(lens + [0])
+
+
+@pytest.mark.parametrize("shape", [(1, 1000), (8, 100), (16, 2048), (300, 40), (1024, 256)])
+@pytest.mark.parametrize("dtypes", [(torch.int32, torch.int32), (torch.int64, torch.int64), (torch.int32, torch.int64)])
+def test_read_matches_the_cpu_path(shape, dtypes):
+    rng = random.Random(shape[0] * 7 + shape[1])
+    buf, lens, table, total, longest = case(rng, *shape, lt=dtypes[0], pt=dtypes[1], strided=shape[0] % 2 == 0,
+                                            spare=rng.choice([0, 5]))
+    want = sg.get_index_k_scale_buffer(buf, lens, table, total, longest)
+    for _ in range(2):  # the first call plans, the second takes the remembered layout
+        got = sg.get_index_k_scale_buffer(buf.cuda(), lens.cuda(), table.cuda(), total, longest)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+def test_bad_values_give_zero_rows_and_debug_mode_raises(monkeypatch):
+    buf = torch.randint(1, 256, (4, 16 * 132), dtype=torch.uint8, device="cuda")
+    lens = torch.tensor([5, -3, 4], device="cuda")
+    table = torch.tensor([[0], [1], [9]], device="cuda")
+    k, s = sg.get_index_k_scale_buffer(buf, lens, table, 12, 16, page_size=16)
+    assert k[:5].all(dim=1).any() and not k[5:].any() and not s[5:].any()
+    monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
+    with pytest.raises(ValueError, match="seq_len_tensor: entry 1 = -3"):
+        sg.get_index_k_scale_buffer(buf, lens, table, 12, 16, page_size=16)
+
+
+def test_read_and_write_are_one_launch_without_a_sync():
+    rng = random.Random(3)
+    buf, lens, table, total, longest = case(rng, 64, 300)
+    buf, lens, table = buf.cuda(), lens.cuda(), table.cuda()
+    loc = torch.randperm(buf.size(0) * 64, device="cuda")[:500].to(torch.int32)
+    k = torch.randint(0, 256, (500, 128), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    ks = torch.rand(500, device="cuda")
+    calls = [lambda: sg.get_index_k_scale_buffer(buf, lens, table, total, longest),
+             lambda: sg.set_index_k_scale_buffer(buf, loc, k, ks)]
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for call in calls:
+                call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 2, kernels
