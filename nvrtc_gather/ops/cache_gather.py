@@ -273,7 +273,7 @@ def _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra) -> 
         return (fast_path.layout_key4(src_cache, dst, block_table, cu_seq_lens), extra,
                 None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
                 None if scale is None else (scale.device, scale.dtype, scale.shape))
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         return None
 
 
@@ -341,6 +341,7 @@ def cp_gather_cache(src_cache: torch.Tensor, dst: torch.Tensor, block_table: tor
     if key is not None and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, None):
         return
     batch = checks.int_arg("batch_size", batch_size)
+    checks.tensor("src_cache", src_cache)
     checks.tensor("dst", dst)
     _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, dst.shape[0] if dst.dim() else 0, None, None,
           seq_starts, "batch_size", "dst.size(0)")
@@ -369,24 +370,22 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     if type(num_tokens) is int and type(kv_cache_dtype) is str:
         try:
             extra = (num_tokens, kv_cache_dtype, token_to_seq.device, token_to_seq.dtype, token_to_seq.dim())
-        except AttributeError:
+        except (AttributeError, RuntimeError):
             extra = None
         key = extra and _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra)
     if key and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale):
         return
     fp8 = _kv_cache_format(kv_cache_dtype)
     rows = checks.int_arg("num_tokens", num_tokens)
-    checks.tensor("token_to_seq", token_to_seq)
+    for name, t in (("src_cache", src_cache), ("dst", dst), ("block_table", block_table), ("cu_seq_lens", cu_seq_lens),
+                    ("token_to_seq", token_to_seq), ("scale", scale)):
+        checks.tensor(name, t)
     checks.dtype_in("token_to_seq", token_to_seq, (torch.int32, torch.int64))
     checks.rank("token_to_seq", token_to_seq, 1, "[max tokens] (accepted for vLLM's schema, not read)")
-    checks.tensor("scale", scale)
-    checks.tensor("cu_seq_lens", cu_seq_lens)
-    checks.tensor("src_cache", src_cache)
     if token_to_seq.device != src_cache.device:
         raise ValueError(f"token_to_seq: expected a tensor on {src_cache.device} like src_cache, got one on "
                          f"{token_to_seq.device}")
     if fp8 is None:
-        checks.tensor("dst", dst)
         checks.dtype_in("dst", dst, tuple(_OUT_TYPES))
     batch = cu_seq_lens.shape[0] - 1 if cu_seq_lens.dim() == 1 else 0
     if cu_seq_lens.dim() == 1 and cu_seq_lens.shape[0] == 0:

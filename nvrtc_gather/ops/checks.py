@@ -17,8 +17,19 @@ def type_name(value) -> str:
 
 
 def tensor(name: str, t) -> torch.Tensor:
+    """A dense tensor whose bytes are its values: a sparse, nested, quantized tensor or a
+    conjugate or negative view (whose values are not its bytes) is a TypeError naming it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type_name(t)}")
+    if t.is_nested or t.layout != torch.strided:
+        what = "a nested tensor" if t.is_nested else f"a {t.layout} tensor"
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got {what}; pass .to_dense() or a plain tensor")
+    if t.is_quantized:
+        raise TypeError(f"{name}: expected a plain tensor, got a quantized one ({t.dtype}); pass .int_repr()")
+    if t.is_conj() or t.is_neg():
+        what = "conjugate" if t.is_conj() else "negative"
+        raise TypeError(f"{name}: expected a plain tensor, got a {what} view (its bytes are not its values); "
+                        f"pass .resolve_{what[:3]}()")
     return t
 
 

@@ -238,7 +238,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         try:
             key = (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt)
             layout = _layouts.get(key)
-        except (AttributeError, TypeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
             key = None
     if layout is not None:  # the fast path: only the pointer checks
         k_p, sm_p, kv_p = k.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()

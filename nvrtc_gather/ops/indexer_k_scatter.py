@@ -199,7 +199,7 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
     try:
         key = layout_key4(k, k_scale, kv_cache, slot_mapping)
         layout = _layouts.get(key)
-    except (AttributeError, TypeError):  # not tensors: plan_scatter says which
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
         key = None
     if layout is not None:  # the fast path: only the pointer checks
         k_p, ks_p, sm_p, kv_p = k.data_ptr(), k_scale.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()

@@ -241,7 +241,7 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
         try:
             key = _key(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
             layout = _layouts.get(key)
-        except AttributeError:  # not tensors: plan_gather says which
+        except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
             key = None
     if layout is not None:  # the fast path: only the pointer checks
         src_p, dst_p, bt_p, ws_p = src_cache.data_ptr(), dst.data_ptr(), block_table.data_ptr(), workspace_starts.data_ptr()

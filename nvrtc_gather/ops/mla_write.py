@@ -306,7 +306,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
         key = (fast_path.layout_key5(kv_c, k_pe, kv_cache, slot_mapping, scale), kv_cache_dtype, skip_scale,
                ds_scale_rule)
         layout = _layouts.get(key)
-    except (AttributeError, TypeError):  # not tensors, unhashable options: plan_write says which
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: plan_write says which
         key = None
     if layout is not None:  # the fast path: only the pointer checks
         kv_c_p, k_pe_p, sm_p, kv_p = kv_c.data_ptr(), k_pe.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
