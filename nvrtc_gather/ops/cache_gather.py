@@ -78,7 +78,7 @@ def _inner_contiguous(name: str, t: torch.Tensor, first: int) -> int:
 
 
 def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-                batch_name: str, rows_name: str) -> CacheGatherPlan:
+                batch_name: str, rows_name: str, token_to_seq=None) -> CacheGatherPlan:
     """Validate one call of either op (``fp8``: None for a byte copy, else the source's fp8
     format); reads no tensor data. Each step checks one argument (or one relation between
     them) and raises TypeError or ValueError naming it."""
@@ -106,10 +106,12 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
         checks.dtype_in("src_cache", src_cache, _FP8_SOURCES[fp8])
         conversion = f"{fp8}_{_OUT_TYPES[checks.dtype_in('dst', dst, tuple(_OUT_TYPES))]}"
     named = {"src_cache": src_cache, "dst": dst, "block_table": block_table, "cu_seq_lens": cu_seq_lens}
-    if seq_starts is not None:
-        named["seq_starts"] = seq_starts
+    if token_to_seq is not None:
+        named["token_to_seq"] = token_to_seq
     if scale is not None:
         named["scale"] = scale
+    if seq_starts is not None:
+        named["seq_starts"] = seq_starts
     dev = checks.same_device(named)
     if batch < 0:
         raise ValueError(f"{batch_name}: must be >= 0, got {batch}")
@@ -292,10 +294,10 @@ def _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale) -> b
 
 
 def _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-          batch_name: str, rows_name: str) -> None:
+          batch_name: str, rows_name: str, token_to_seq=None) -> None:
     """The full checks, then the kernel (remembering the layout under ``key``) or the CPU path."""
     plan = plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-                       batch_name, rows_name)
+                       batch_name, rows_name, token_to_seq)
     if plan.device < 0:
         settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         gather_torch(plan, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale)
@@ -382,16 +384,13 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
         checks.tensor(name, t)
     checks.dtype_in("token_to_seq", token_to_seq, (torch.int32, torch.int64))
     checks.rank("token_to_seq", token_to_seq, 1, "[max tokens] (accepted for vLLM's schema, not read)")
-    if token_to_seq.device != src_cache.device:
-        raise ValueError(f"token_to_seq: expected a tensor on {src_cache.device} like src_cache, got one on "
-                         f"{token_to_seq.device}")
     if fp8 is None:
         checks.dtype_in("dst", dst, tuple(_OUT_TYPES))
     batch = cu_seq_lens.shape[0] - 1 if cu_seq_lens.dim() == 1 else 0
     if cu_seq_lens.dim() == 1 and cu_seq_lens.shape[0] == 0:
         raise ValueError("cu_seq_lens: expected [batch + 1] entries (at least one), got none")
     _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
-          seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens")
+          seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens", token_to_seq)
 
 
 def prepared(op: str, *args, module=None, rows_per_cta=None, tiny=None):

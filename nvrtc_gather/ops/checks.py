@@ -69,17 +69,22 @@ def aligned(name: str, what: str, value: int, to: int = 4) -> None:
 
 
 def same_device(named: dict[str, torch.Tensor]) -> torch.device:
-    it = iter(named.items())
-    first_name, first = next(it)
-    dev = first.device
-    for name, t in it:
-        if t.device != dev:
-            raise ValueError(
-                f"{name}: expected a tensor on {dev} like {first_name}, got one on {t.device}; "
-                "all tensors of one call must be on the same device"
-            )
+    """The one device of a call's tensors (``named``: by position). Else a ValueError naming the
+    odd one out: the first tensor not on the device most of them are on (a tie: the earliest
+    such device), so one tensor moved elsewhere is named whichever position it has."""
+    devices = [t.device for t in named.values()]
+    dev = devices[0]
+    if any(d != dev for d in devices):
+        dev = max(devices, key=lambda d: (devices.count(d), -devices.index(d)))
+        names = list(named)
+        like = names[devices.index(dev)]
+        name = next(n for n, d in zip(names, devices) if d != dev)
+        raise ValueError(
+            f"{name}: expected a tensor on {dev} like {like}, got one on {named[name].device}; "
+            "all tensors of one call must be on the same device"
+        )
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{first_name}: tensors on {dev.type} are not supported (use cpu or cuda)")
+        raise ValueError(f"{next(iter(named))}: tensors on {dev.type} are not supported (use cpu or cuda)")
     return dev
 
 

@@ -131,7 +131,7 @@ def _scale_fmt(scale_fmt) -> bool:
 
 
 def _device(k, kv_cache, slot_mapping) -> int:
-    dev = checks.same_device({"kv_cache": kv_cache, "k": k, "slot_mapping": slot_mapping})
+    dev = checks.same_device({"k": k, "kv_cache": kv_cache, "slot_mapping": slot_mapping})
     return dev.index if dev.type == "cuda" else -1
 
 

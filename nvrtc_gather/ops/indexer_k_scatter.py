@@ -58,7 +58,7 @@ def plan_scatter(k, k_scale, kv_cache, slot_mapping) -> ScatterPlan:
     checks.rank("k", k, 2, "[num_tokens, head_dim]")
     checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
     checks.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
-    dev = checks.same_device({"kv_cache": kv_cache, "k": k, "k_scale": k_scale, "slot_mapping": slot_mapping})
+    dev = checks.same_device({"k": k, "k_scale": k_scale, "kv_cache": kv_cache, "slot_mapping": slot_mapping})
     rows, head_dim = k.shape
     scale2d, scale_words = _scale_rows(k_scale)
     num_tokens = slot_mapping.size(0)

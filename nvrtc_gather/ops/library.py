@@ -37,3 +37,7 @@ def register(schema: str, fn, fake=None) -> None:
     for key in ("CPU", "CUDA") + _REFUSED_BY_FN:
         LIBRARY.impl(name, fn, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake or _fake, lib=LIBRARY)
+    # A call with a real tensor on the meta device (traced ones are fake tensors, which take
+    # ``fake``) would run the fake and write nothing: ``fn`` checks it as the plain function
+    # does (a tensor it reads on meta is a ValueError naming it).
+    LIBRARY.impl(name, fn, "Meta", allow_override=True)
