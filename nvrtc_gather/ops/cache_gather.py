@@ -65,6 +65,26 @@ class CacheGatherPlan(NamedTuple):
 
 # -- the full checks ---------------------------------------------------------------------------
 
+def _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts) -> None:
+    """Types and ranks, before any shape is read (plan_gather and the fakes)."""
+    for name, t in (("src_cache", src_cache), ("dst", dst), ("block_table", block_table),
+                    ("cu_seq_lens", cu_seq_lens)):
+        checks.tensor(name, t)
+    if seq_starts is not None:
+        checks.tensor("seq_starts", seq_starts)
+        checks.dtype_in("seq_starts", seq_starts, (_I32,))
+        checks.rank("seq_starts", seq_starts, 1, "[batch]")
+    checks.dtype_in("block_table", block_table, (_I32,))
+    checks.dtype_in("cu_seq_lens", cu_seq_lens, (_I32,))
+    checks.rank("block_table", block_table, 2, "[batch, max_blocks]")
+    checks.rank("cu_seq_lens", cu_seq_lens, 1, "[batch + 1]")
+    if src_cache.dim() < 3:
+        raise ValueError(f"src_cache: expected [num_blocks, block_size, entry...] (3 or more dimensions), "
+                         f"got shape {tuple(src_cache.shape)}")
+    if dst.dim() < 2:
+        raise ValueError(f"dst: expected [rows, entry...] (2 or more dimensions), got shape {tuple(dst.shape)}")
+
+
 def _inner_contiguous(name: str, t: torch.Tensor, first: int) -> int:
     """Elements per entry of ``t``'s dims from ``first`` on, which must be laid out contiguously
     (row-major) so that an entry is one run of bytes."""
@@ -82,22 +102,7 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
     """Validate one call of either op (``fp8``: None for a byte copy, else the source's fp8
     format); reads no tensor data. Each step checks one argument (or one relation between
     them) and raises TypeError or ValueError naming it."""
-    for name, t in (("src_cache", src_cache), ("dst", dst), ("block_table", block_table),
-                    ("cu_seq_lens", cu_seq_lens)):
-        checks.tensor(name, t)
-    if seq_starts is not None:
-        checks.tensor("seq_starts", seq_starts)
-        checks.dtype_in("seq_starts", seq_starts, (_I32,))
-        checks.rank("seq_starts", seq_starts, 1, "[batch]")
-    checks.dtype_in("block_table", block_table, (_I32,))
-    checks.dtype_in("cu_seq_lens", cu_seq_lens, (_I32,))
-    checks.rank("block_table", block_table, 2, "[batch, max_blocks]")
-    checks.rank("cu_seq_lens", cu_seq_lens, 1, "[batch + 1]")
-    if src_cache.dim() < 3:
-        raise ValueError(f"src_cache: expected [num_blocks, block_size, entry...] (3 or more dimensions), "
-                         f"got shape {tuple(src_cache.shape)}")
-    if dst.dim() < 2:
-        raise ValueError(f"dst: expected [rows, entry...] (2 or more dimensions), got shape {tuple(dst.shape)}")
+    _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts)
     if fp8 is None:
         if dst.dtype != src_cache.dtype:
             raise TypeError(f"dst: expected src_cache's dtype {src_cache.dtype} (a byte copy), got {dst.dtype}")
@@ -377,8 +382,17 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
         key = extra and _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra)
     if key and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale):
         return
+    fp8, rows, batch = _dequant_args(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                                     kv_cache_dtype, scale)
+    _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
+          seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens", token_to_seq)
+
+
+def _dequant_args(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale):
+    """gather_and_maybe_dequant_cache's own checks, before plan_gather's (the op and its fake):
+    (the fp8 format or None, num_tokens, batch)."""
     fp8 = _kv_cache_format(kv_cache_dtype)
-    rows = checks.int_arg("num_tokens", num_tokens)
+    rows = fake_checks.int_arg("num_tokens", num_tokens)
     for name, t in (("src_cache", src_cache), ("dst", dst), ("block_table", block_table), ("cu_seq_lens", cu_seq_lens),
                     ("token_to_seq", token_to_seq), ("scale", scale)):
         checks.tensor(name, t)
@@ -389,8 +403,7 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     batch = cu_seq_lens.shape[0] - 1 if cu_seq_lens.dim() == 1 else 0
     if cu_seq_lens.dim() == 1 and cu_seq_lens.shape[0] == 0:
         raise ValueError("cu_seq_lens: expected [batch + 1] entries (at least one), got none")
-    _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
-          seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens", token_to_seq)
+    return fp8, rows, batch
 
 
 def prepared(op: str, *args, module=None, rows_per_cta=None, tiny=None):
@@ -440,13 +453,17 @@ def _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch, rows, scale,
 
 
 def cp_gather_cache_fake(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None) -> None:
+    fake_checks.int_arg("batch_size", batch_size)
+    _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts)
     _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch_size, dst.size(0), None, seq_starts)
 
 
 def gather_and_maybe_dequant_cache_fake(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
                                         kv_cache_dtype, scale, seq_starts=None) -> None:
-    read_scale = scale if KV_CACHE_DTYPES.get(kv_cache_dtype) is not None else None
-    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, cu_seq_lens.shape[0] - 1, num_tokens, read_scale,
+    fp8, rows, batch = _dequant_args(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                                     kv_cache_dtype, scale)
+    _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts)
+    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch, rows, scale if fp8 is not None else None,
                    seq_starts)
 
 

@@ -332,7 +332,9 @@ def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=Non
 
 def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
     """The fake (meta) implementation: plan_gather's overlap check on the traced tensors'
-    storages, where data pointers are not available (ops/fake_checks.py says why)."""
+    storages, where data pointers are not available (ops/fake_checks.py says why), after the
+    eager type and rank checks (shapes are read after them)."""
+    _check_types((kv_cache, dst_k, dst_scale, block_table, cu_seq_lens))
     if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, dst_k=dst_k, dst_scale=dst_scale,
                                               block_table=block_table, cu_seq_lens=cu_seq_lens))

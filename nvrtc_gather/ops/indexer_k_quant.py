@@ -275,7 +275,9 @@ def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=N
 
 def quant_fake(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
     """The fake (meta) implementation: plan_quant's overlap check on the traced tensors'
-    storages (ops/fake_checks.py says why); only the rows of k that are read count."""
+    storages (ops/fake_checks.py says why); only the rows of k that are read count. The eager
+    type and rank checks come first (shapes are read after them)."""
+    _check_types(k, kv_cache, slot_mapping)
     num_tokens = slot_mapping.size(0)
     if num_tokens and k.dim() == 2 and num_tokens <= k.size(0):
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, k=k, slot_mapping=slot_mapping), {"k": num_tokens})
