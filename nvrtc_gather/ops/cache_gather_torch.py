@@ -55,13 +55,13 @@ def gather_torch(plan, src_cache, dst, block_table, cu_seq_lens, seq_starts, sca
         r = int(torch.nonzero(cu[1:] < cu[:-1])[0])
         raise ValueError(f"cu_seq_lens: must be non-decreasing, but entry {r} = {int(cu[r])} > "
                          f"entry {r + 1} = {int(cu[r + 1])}")
-    if seq_starts is not None:
-        first = seq_starts[:b].to(torch.int64)
-        _first_bad("seq_starts", first, first < 0, "is negative")
-    else:
-        first = torch.zeros(b, dtype=torch.int64, device=dev)
     begin = cu[:-1].clamp(max=total)
     lens = cu[1:].clamp(max=total) - begin
+    if seq_starts is not None:  # read only by a request that owns a row (as the kernel): the rest may be anything
+        first = seq_starts[:b].to(torch.int64)
+        _first_bad("seq_starts", first, (first < 0) & (lens > 0), "is negative")
+    else:
+        first = torch.zeros(b, dtype=torch.int64, device=dev)
     n = int(lens.sum())
     if n == 0:
         return
