@@ -88,6 +88,12 @@ def same_device(named: dict[str, torch.Tensor]) -> torch.device:
     return dev
 
 
+def _hex(offset) -> str:
+    """A byte offset as a message writes it: hex, or as it is when traced (a SymInt under
+    ``torch.compile(dynamic=True)`` has no hex format)."""
+    return f"{offset:#x}" if isinstance(offset, int) else str(offset)
+
+
 def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int]]) -> None:
     """Raise ValueError naming both arguments if a written byte range [start, end) overlaps a
     read one: on a GPU that is a race between the kernel's own loads and stores. Ranges are
@@ -96,7 +102,8 @@ def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int
         for r, (r_lo, r_hi) in read.items():
             if w_lo < r_hi and r_lo < w_hi and w_lo < w_hi and r_lo < r_hi:  # an empty range touches nothing
                 raise ValueError(
-                    f"{w}: its memory overlaps {r} (bytes [{w_lo:#x}, {w_hi:#x}) and [{r_lo:#x}, {r_hi:#x})); "
+                    f"{w}: its memory overlaps {r} (bytes [{_hex(w_lo)}, {_hex(w_hi)}) and "
+                    f"[{_hex(r_lo)}, {_hex(r_hi)})); "
                     f"the op reads {r} while it writes {w}, so they must not share storage")
 
 
@@ -123,7 +130,8 @@ def written_apart(name_a: str, a: int, a_width: int, a_stride: int, name_b: str,
         return
     a_end, b_end = a + (rows - 1) * a_stride + a_width, b + (rows - 1) * b_stride + b_width
     if rows and a < b_end and b < a_end:
-        raise ValueError(f"{name_a}: its memory overlaps {name_b} (bytes [{a:#x}, {a_end:#x}) and [{b:#x}, {b_end:#x})); "
+        raise ValueError(f"{name_a}: its memory overlaps {name_b} (bytes [{_hex(a)}, {_hex(a_end)}) and "
+                         f"[{_hex(b)}, {_hex(b_end)})); "
                          f"the op writes both, so they must not share a byte")
 
 
