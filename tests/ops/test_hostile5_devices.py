@@ -26,7 +26,8 @@ def test_one_tensor_on_meta_is_named(op, index, arg, entry):
         want = list(op_calls.calls()[op]())
         op_calls.plain(op)(*want)
         ENTRIES[entry](op)(*args)
-        assert all(torch.equal(a, w) for a, w in zip(args, want) if isinstance(a, torch.Tensor) and a.device.type == "cpu")
+        assert all(torch.equal(a, w) for a, w in zip(args, want)
+                   if isinstance(a, torch.Tensor) and a.device.type == "cpu")
         return
     with pytest.raises(ValueError, match=rf"^{arg}: expected a tensor on cpu like \w+, got one on meta"):
         ENTRIES[entry](op)(*args)
