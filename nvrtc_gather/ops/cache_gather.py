@@ -65,23 +65,8 @@ class CacheGatherPlan(NamedTuple):
 
 # -- the full checks ---------------------------------------------------------------------------
 
-def _inner_contiguous(name: str, t: torch.Tensor, first: int) -> int:
-    """Elements per entry of ``t``'s dims from ``first`` on, which must be laid out contiguously
-    (row-major) so that an entry is one run of bytes."""
-    expected = 1
-    for size, stride in zip(reversed(t.shape[first:]), reversed(t.stride()[first:])):
-        if size > 1 and stride != expected:
-            raise ValueError(f"{name}: each entry (dims {first} and on) must be contiguous, got shape "
-                             f"{tuple(t.shape)} with strides {tuple(t.stride())}")
-        expected *= size
-    return expected
-
-
-def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-                batch_name: str, rows_name: str) -> CacheGatherPlan:
-    """Validate one call of either op (``fp8``: None for a byte copy, else the source's fp8
-    format); reads no tensor data. Each step checks one argument (or one relation between
-    them) and raises TypeError or ValueError naming it."""
+def _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts) -> None:
+    """Types and ranks, before any shape is read (plan_gather and the fakes)."""
     for name, t in (("src_cache", src_cache), ("dst", dst), ("block_table", block_table),
                     ("cu_seq_lens", cu_seq_lens)):
         checks.tensor(name, t)
@@ -98,6 +83,26 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
                          f"got shape {tuple(src_cache.shape)}")
     if dst.dim() < 2:
         raise ValueError(f"dst: expected [rows, entry...] (2 or more dimensions), got shape {tuple(dst.shape)}")
+
+
+def _inner_contiguous(name: str, t: torch.Tensor, first: int) -> int:
+    """Elements per entry of ``t``'s dims from ``first`` on, which must be laid out contiguously
+    (row-major) so that an entry is one run of bytes."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[first:]), reversed(t.stride()[first:])):
+        if size > 1 and stride != expected:
+            raise ValueError(f"{name}: each entry (dims {first} and on) must be contiguous, got shape "
+                             f"{tuple(t.shape)} with strides {tuple(t.stride())}")
+        expected *= size
+    return expected
+
+
+def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
+                batch_name: str, rows_name: str, token_to_seq=None) -> CacheGatherPlan:
+    """Validate one call of either op (``fp8``: None for a byte copy, else the source's fp8
+    format); reads no tensor data. Each step checks one argument (or one relation between
+    them) and raises TypeError or ValueError naming it."""
+    _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts)
     if fp8 is None:
         if dst.dtype != src_cache.dtype:
             raise TypeError(f"dst: expected src_cache's dtype {src_cache.dtype} (a byte copy), got {dst.dtype}")
@@ -106,10 +111,12 @@ def plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, 
         checks.dtype_in("src_cache", src_cache, _FP8_SOURCES[fp8])
         conversion = f"{fp8}_{_OUT_TYPES[checks.dtype_in('dst', dst, tuple(_OUT_TYPES))]}"
     named = {"src_cache": src_cache, "dst": dst, "block_table": block_table, "cu_seq_lens": cu_seq_lens}
-    if seq_starts is not None:
-        named["seq_starts"] = seq_starts
+    if token_to_seq is not None:
+        named["token_to_seq"] = token_to_seq
     if scale is not None:
         named["scale"] = scale
+    if seq_starts is not None:
+        named["seq_starts"] = seq_starts
     dev = checks.same_device(named)
     if batch < 0:
         raise ValueError(f"{batch_name}: must be >= 0, got {batch}")
@@ -273,7 +280,7 @@ def _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra) -> 
         return (fast_path.layout_key4(src_cache, dst, block_table, cu_seq_lens), extra,
                 None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
                 None if scale is None else (scale.device, scale.dtype, scale.shape))
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         return None
 
 
@@ -292,10 +299,10 @@ def _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale) -> b
 
 
 def _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-          batch_name: str, rows_name: str) -> None:
+          batch_name: str, rows_name: str, token_to_seq=None) -> None:
     """The full checks, then the kernel (remembering the layout under ``key``) or the CPU path."""
     plan = plan_gather(src_cache, dst, block_table, cu_seq_lens, batch, num_rows, fp8, scale, seq_starts,
-                       batch_name, rows_name)
+                       batch_name, rows_name, token_to_seq)
     if plan.device < 0:
         settings.debug_enabled()  # a bad NVRTC_GATHER_DEBUG is refused on every device
         gather_torch(plan, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale)
@@ -341,6 +348,7 @@ def cp_gather_cache(src_cache: torch.Tensor, dst: torch.Tensor, block_table: tor
     if key is not None and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, None):
         return
     batch = checks.int_arg("batch_size", batch_size)
+    checks.tensor("src_cache", src_cache)
     checks.tensor("dst", dst)
     _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, dst.shape[0] if dst.dim() else 0, None, None,
           seq_starts, "batch_size", "dst.size(0)")
@@ -369,30 +377,33 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     if type(num_tokens) is int and type(kv_cache_dtype) is str:
         try:
             extra = (num_tokens, kv_cache_dtype, token_to_seq.device, token_to_seq.dtype, token_to_seq.dim())
-        except AttributeError:
+        except (AttributeError, RuntimeError):
             extra = None
         key = extra and _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra)
     if key and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, scale):
         return
+    fp8, rows, batch = _dequant_args(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                                     kv_cache_dtype, scale)
+    _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
+          seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens", token_to_seq)
+
+
+def _dequant_args(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale):
+    """gather_and_maybe_dequant_cache's own checks, before plan_gather's (the op and its fake):
+    (the fp8 format or None, num_tokens, batch)."""
     fp8 = _kv_cache_format(kv_cache_dtype)
-    rows = checks.int_arg("num_tokens", num_tokens)
-    checks.tensor("token_to_seq", token_to_seq)
+    rows = fake_checks.int_arg("num_tokens", num_tokens)
+    for name, t in (("src_cache", src_cache), ("dst", dst), ("block_table", block_table), ("cu_seq_lens", cu_seq_lens),
+                    ("token_to_seq", token_to_seq), ("scale", scale)):
+        checks.tensor(name, t)
     checks.dtype_in("token_to_seq", token_to_seq, (torch.int32, torch.int64))
     checks.rank("token_to_seq", token_to_seq, 1, "[max tokens] (accepted for vLLM's schema, not read)")
-    checks.tensor("scale", scale)
-    checks.tensor("cu_seq_lens", cu_seq_lens)
-    checks.tensor("src_cache", src_cache)
-    if token_to_seq.device != src_cache.device:
-        raise ValueError(f"token_to_seq: expected a tensor on {src_cache.device} like src_cache, got one on "
-                         f"{token_to_seq.device}")
     if fp8 is None:
-        checks.tensor("dst", dst)
         checks.dtype_in("dst", dst, tuple(_OUT_TYPES))
     batch = cu_seq_lens.shape[0] - 1 if cu_seq_lens.dim() == 1 else 0
     if cu_seq_lens.dim() == 1 and cu_seq_lens.shape[0] == 0:
         raise ValueError("cu_seq_lens: expected [batch + 1] entries (at least one), got none")
-    _slow(key, src_cache, dst, block_table, cu_seq_lens, batch, rows, fp8, scale if fp8 is not None else None,
-          seq_starts, "cu_seq_lens.size(0) - 1", "num_tokens")
+    return fp8, rows, batch
 
 
 def prepared(op: str, *args, module=None, rows_per_cta=None, tiny=None):
@@ -442,13 +453,17 @@ def _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch, rows, scale,
 
 
 def cp_gather_cache_fake(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None) -> None:
+    fake_checks.int_arg("batch_size", batch_size)
+    _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts)
     _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch_size, dst.size(0), None, seq_starts)
 
 
 def gather_and_maybe_dequant_cache_fake(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
                                         kv_cache_dtype, scale, seq_starts=None) -> None:
-    read_scale = scale if KV_CACHE_DTYPES.get(kv_cache_dtype) is not None else None
-    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, cu_seq_lens.shape[0] - 1, num_tokens, read_scale,
+    fp8, rows, batch = _dequant_args(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
+                                     kv_cache_dtype, scale)
+    _check_types(src_cache, dst, block_table, cu_seq_lens, seq_starts)
+    _fake_disjoint(src_cache, dst, block_table, cu_seq_lens, batch, rows, scale if fp8 is not None else None,
                    seq_starts)
 
 

@@ -55,13 +55,13 @@ def gather_torch(plan, src_cache, dst, block_table, cu_seq_lens, seq_starts, sca
         r = int(torch.nonzero(cu[1:] < cu[:-1])[0])
         raise ValueError(f"cu_seq_lens: must be non-decreasing, but entry {r} = {int(cu[r])} > "
                          f"entry {r + 1} = {int(cu[r + 1])}")
-    if seq_starts is not None:
-        first = seq_starts[:b].to(torch.int64)
-        _first_bad("seq_starts", first, first < 0, "is negative")
-    else:
-        first = torch.zeros(b, dtype=torch.int64, device=dev)
     begin = cu[:-1].clamp(max=total)
     lens = cu[1:].clamp(max=total) - begin
+    if seq_starts is not None:  # read only by a request that owns a row (as the kernel): the rest may be anything
+        first = seq_starts[:b].to(torch.int64)
+        _first_bad("seq_starts", first, (first < 0) & (lens > 0), "is negative")
+    else:
+        first = torch.zeros(b, dtype=torch.int64, device=dev)
     n = int(lens.sum())
     if n == 0:
         return
@@ -73,6 +73,14 @@ def gather_torch(plan, src_cache, dst, block_table, cu_seq_lens, seq_starts, sca
         block_table, req, col, plan.max_blocks, plan.num_blocks,
         lambda i: f"block_table: request {int(req[i])} needs token {int(pos[i])}, past its {plan.max_blocks} "
                   f"columns of {plan.block_size}-token blocks")
-    src = src_cache.reshape(plan.num_blocks, plan.block_size, -1).view(torch.uint8)
+    src = _unit_last(src_cache.reshape(plan.num_blocks, plan.block_size, -1)).view(torch.uint8)
     records = src[blk, pos % plan.block_size]
-    dst.reshape(dst.shape[0], -1).view(torch.uint8)[rows] = convert(records, plan.conversion, scale)
+    _unit_last(dst.reshape(dst.shape[0], -1)).view(torch.uint8)[rows] = convert(records, plan.conversion, scale)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a size-1 last dimension's stride set to 1 (the same elements: that stride is
+    never stepped), so that it views as bytes as the kernel reads it."""
+    if t.size(-1) == 1 and t.stride(-1) != 1:
+        return t.as_strided(t.shape, t.stride()[:-1] + (1,), t.storage_offset())
+    return t

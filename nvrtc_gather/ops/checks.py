@@ -18,8 +18,19 @@ def type_name(value) -> str:
 
 
 def tensor(name: str, t) -> torch.Tensor:
+    """A dense tensor whose bytes are its values: a sparse, nested, quantized tensor or a
+    conjugate or negative view (whose values are not its bytes) is a TypeError naming it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type_name(t)}")
+    if t.is_nested or t.layout != torch.strided:
+        what = "a nested tensor" if t.is_nested else f"a {t.layout} tensor"
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got {what}; pass .to_dense() or a plain tensor")
+    if t.is_quantized:
+        raise TypeError(f"{name}: expected a plain tensor, got a quantized one ({t.dtype}); pass .int_repr()")
+    if t.is_conj() or t.is_neg():
+        what = "conjugate" if t.is_conj() else "negative"
+        raise TypeError(f"{name}: expected a plain tensor, got a {what} view (its bytes are not its values); "
+                        f"pass .resolve_{what[:3]}()")
     return t
 
 
@@ -59,18 +70,29 @@ def aligned(name: str, what: str, value: int, to: int = 4) -> None:
 
 
 def same_device(named: dict[str, torch.Tensor]) -> torch.device:
-    it = iter(named.items())
-    first_name, first = next(it)
-    dev = first.device
-    for name, t in it:
-        if t.device != dev:
-            raise ValueError(
-                f"{name}: expected a tensor on {dev} like {first_name}, got one on {t.device}; "
-                "all tensors of one call must be on the same device"
-            )
+    """The one device of a call's tensors (``named``: by position). Else a ValueError naming the
+    odd one out: the first tensor not on the device most of them are on (a tie: the earliest
+    such device), so one tensor moved elsewhere is named whichever position it has."""
+    devices = [t.device for t in named.values()]
+    dev = devices[0]
+    if any(d != dev for d in devices):
+        dev = max(devices, key=lambda d: (devices.count(d), -devices.index(d)))
+        names = list(named)
+        like = names[devices.index(dev)]
+        name = next(n for n, d in zip(names, devices) if d != dev)
+        raise ValueError(
+            f"{name}: expected a tensor on {dev} like {like}, got one on {named[name].device}; "
+            "all tensors of one call must be on the same device"
+        )
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{first_name}: tensors on {dev.type} are not supported (use cpu or cuda)")
+        raise ValueError(f"{next(iter(named))}: tensors on {dev.type} are not supported (use cpu or cuda)")
     return dev
+
+
+def _hex(offset) -> str:
+    """A byte offset as a message writes it: hex, or as it is when traced (a SymInt under
+    ``torch.compile(dynamic=True)`` has no hex format)."""
+    return f"{offset:#x}" if isinstance(offset, int) else str(offset)
 
 
 def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int]]) -> None:
@@ -81,7 +103,8 @@ def disjoint(written: dict[str, tuple[int, int]], read: dict[str, tuple[int, int
         for r, (r_lo, r_hi) in read.items():
             if w_lo < r_hi and r_lo < w_hi and w_lo < w_hi and r_lo < r_hi:  # an empty range touches nothing
                 raise ValueError(
-                    f"{w}: its memory overlaps {r} (bytes [{w_lo:#x}, {w_hi:#x}) and [{r_lo:#x}, {r_hi:#x})); "
+                    f"{w}: its memory overlaps {r} (bytes [{_hex(w_lo)}, {_hex(w_hi)}) and "
+                    f"[{_hex(r_lo)}, {_hex(r_hi)})); "
                     f"the op reads {r} while it writes {w}, so they must not share storage")
 
 
@@ -108,7 +131,8 @@ def written_apart(name_a: str, a: int, a_width: int, a_stride: int, name_b: str,
         return
     a_end, b_end = a + (rows - 1) * a_stride + a_width, b + (rows - 1) * b_stride + b_width
     if rows and a < b_end and b < a_end:
-        raise ValueError(f"{name_a}: its memory overlaps {name_b} (bytes [{a:#x}, {a_end:#x}) and [{b:#x}, {b_end:#x})); "
+        raise ValueError(f"{name_a}: its memory overlaps {name_b} (bytes [{_hex(a)}, {_hex(a_end)}) and "
+                         f"[{_hex(b)}, {_hex(b_end)})); "
                          f"the op writes both, so they must not share a byte")
 
 

@@ -13,6 +13,12 @@ import torch
 from . import checks
 
 
+def int_arg(name: str, value):
+    """checks.int_arg, but a traced SymInt is returned as it is (reading it as an int would
+    specialize the graph on its value)."""
+    return value if isinstance(value, torch.SymInt) else checks.int_arg(name, value)
+
+
 def _span(t: torch.Tensor, rows=None) -> tuple[int, int]:
     """Bytes [start, end) of ``t``'s address span inside its storage (a strided view counts
     with its gaps, as the eager check does); ``rows``: only its first rows (no view is made:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
 
 from .. import settings
 from ..jit import driver
@@ -95,16 +94,14 @@ def plan_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> GatherP
 
 def _check_types(tensors) -> None:
     kv_cache, dst_k, dst_scale, block_table, cu_seq_lens = tensors
+    for name, t in zip(_NAMES, tensors):
+        checks.tensor(name, t)
     # The usual call passes every check below: test that in one expression first (cheaper than
-    # the fifteen helper calls); anything else runs the helpers, which name what is wrong.
-    if isinstance(kv_cache, Tensor) and isinstance(dst_k, Tensor) and isinstance(dst_scale, Tensor) and \
-            isinstance(block_table, Tensor) and isinstance(cu_seq_lens, Tensor) and \
-            kv_cache.dtype in _KV_DTYPES and dst_k.dtype in _K_DTYPES and dst_scale.dtype in _SCALE_DTYPES and \
+    # the ten helper calls); anything else runs the helpers, which name what is wrong.
+    if kv_cache.dtype in _KV_DTYPES and dst_k.dtype in _K_DTYPES and dst_scale.dtype in _SCALE_DTYPES and \
             block_table.dtype is _I32 and cu_seq_lens.dtype is _I32 and kv_cache.dim() == 3 and \
             dst_k.dim() == 2 and dst_scale.dim() == 2 and block_table.dim() == 2 and cu_seq_lens.dim() == 1:
         return
-    for name, t in zip(_NAMES, tensors):
-        checks.tensor(name, t)
     checks.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
     checks.dtype_in("dst_k", dst_k, _K_DTYPES)
     checks.dtype_in("dst_scale", dst_scale, _SCALE_DTYPES)
@@ -291,7 +288,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     try:
         key = layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
         layout = _layouts.get(key)
-    except AttributeError:  # not tensors: plan_gather says which
+    except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
         key = layout = None
     if layout is not None:  # the fast path: only the pointer checks, then _run's launch
         # Written inline, not as calls: each Python call is ~0.15 µs of a ~10 µs call.
@@ -335,7 +332,9 @@ def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=Non
 
 def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
     """The fake (meta) implementation: plan_gather's overlap check on the traced tensors'
-    storages, where data pointers are not available (ops/fake_checks.py says why)."""
+    storages, where data pointers are not available (ops/fake_checks.py says why), after the
+    eager type and rank checks (shapes are read after them)."""
+    _check_types((kv_cache, dst_k, dst_scale, block_table, cu_seq_lens))
     if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, dst_k=dst_k, dst_scale=dst_scale,
                                               block_table=block_table, cu_seq_lens=cu_seq_lens))

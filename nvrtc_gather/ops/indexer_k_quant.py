@@ -131,7 +131,7 @@ def _scale_fmt(scale_fmt) -> bool:
 
 
 def _device(k, kv_cache, slot_mapping) -> int:
-    dev = checks.same_device({"kv_cache": kv_cache, "k": k, "slot_mapping": slot_mapping})
+    dev = checks.same_device({"k": k, "kv_cache": kv_cache, "slot_mapping": slot_mapping})
     return dev.index if dev.type == "cuda" else -1
 
 
@@ -238,7 +238,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         try:
             key = (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt)
             layout = _layouts.get(key)
-        except (AttributeError, TypeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
             key = None
     if layout is not None:  # the fast path: only the pointer checks
         k_p, sm_p, kv_p = k.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
@@ -275,7 +275,9 @@ def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=N
 
 def quant_fake(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> None:
     """The fake (meta) implementation: plan_quant's overlap check on the traced tensors'
-    storages (ops/fake_checks.py says why); only the rows of k that are read count."""
+    storages (ops/fake_checks.py says why); only the rows of k that are read count. The eager
+    type and rank checks come first (shapes are read after them)."""
+    _check_types(k, kv_cache, slot_mapping)
     num_tokens = slot_mapping.size(0)
     if num_tokens and k.dim() == 2 and num_tokens <= k.size(0):
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, k=k, slot_mapping=slot_mapping), {"k": num_tokens})

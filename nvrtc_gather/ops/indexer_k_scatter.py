@@ -52,16 +52,8 @@ class ScatterPlan(NamedTuple):
 def plan_scatter(k, k_scale, kv_cache, slot_mapping) -> ScatterPlan:
     """Validate the arguments of indexer_k_scatter; reads no tensor data. Raises TypeError or
     ValueError naming the argument."""
-    for name, t in (("k", k), ("k_scale", k_scale), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
-        checks.tensor(name, t)
-    checks.dtype_in("k", k, _K_DTYPES)
-    checks.dtype_in("k_scale", k_scale, _SCALE_DTYPES)
-    checks.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
-    checks.dtype_in("slot_mapping", slot_mapping, _SLOT_DTYPES)
-    checks.rank("k", k, 2, "[num_tokens, head_dim]")
-    checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
-    checks.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
-    dev = checks.same_device({"kv_cache": kv_cache, "k": k, "k_scale": k_scale, "slot_mapping": slot_mapping})
+    _check_types(k, k_scale, kv_cache, slot_mapping)
+    dev = checks.same_device({"k": k, "k_scale": k_scale, "kv_cache": kv_cache, "slot_mapping": slot_mapping})
     rows, head_dim = k.shape
     scale2d, scale_words = _scale_rows(k_scale)
     num_tokens = slot_mapping.size(0)
@@ -105,6 +97,19 @@ def plan_scatter(k, k_scale, kv_cache, slot_mapping) -> ScatterPlan:
         if fast_path.overlapping(plan.kv_ptr, reads, extents):
             checks.disjoint_from(WRITES[0], plan.kv_ptr, READS, reads, extents)
     return plan
+
+
+def _check_types(k, k_scale, kv_cache, slot_mapping) -> None:
+    for name, t in (("k", k), ("k_scale", k_scale), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
+        checks.tensor(name, t)
+    checks.dtype_in("k", k, _K_DTYPES)
+    checks.dtype_in("k_scale", k_scale, _SCALE_DTYPES)
+    checks.dtype_in("kv_cache", kv_cache, _KV_DTYPES)
+    checks.dtype_in("slot_mapping", slot_mapping, _SLOT_DTYPES)
+    checks.rank("k", k, 2, "[num_tokens, head_dim]")
+    checks.rank("kv_cache", kv_cache, 3, "[num_blocks, block_size, cache_stride]")
+    checks.rank("slot_mapping", slot_mapping, 1, "[num_tokens]")
+    _scale_rows(k_scale)
 
 
 def _scale_rows(k_scale: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -222,7 +227,7 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
     try:
         key = layout_key4(k, k_scale, kv_cache, slot_mapping)
         layout = _layouts.get(key)
-    except (AttributeError, TypeError):  # not tensors: plan_scatter says which
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
         key = None
     if layout is not None and run_remembered(layout, k.data_ptr(), k_scale.data_ptr(), slot_mapping.data_ptr(),
                                              kv_cache.data_ptr()):  # the fast path: only the pointer checks
@@ -238,7 +243,9 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
 
 def scatter_fake(k, k_scale, kv_cache, slot_mapping) -> None:
     """The fake (meta) implementation: plan_scatter's overlap check on the traced tensors'
-    storages (ops/fake_checks.py says why); only the rows that are read count."""
+    storages (ops/fake_checks.py says why); only the rows that are read count. The eager
+    type and rank checks come first (shapes are read after them)."""
+    _check_types(k, k_scale, kv_cache, slot_mapping)
     n = slot_mapping.size(0)
     if n:
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, k=k, k_scale=k_scale, slot_mapping=slot_mapping),

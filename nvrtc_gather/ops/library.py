@@ -17,6 +17,13 @@ NAMESPACE = "nvrtc_gather"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 
 
+# Tensors whose bytes are not their values reach ``fn`` itself, which refuses them naming the
+# argument (checks.tensor), as the plain function does: without a kernel here torch would raise
+# NotImplementedError (quantized, sparse, nested) or resolve the view first (conjugate, negative).
+_REFUSED_BY_FN = ("QuantizedCPU", "QuantizedCUDA", "SparseCPU", "SparseCUDA", "SparseCsrCPU", "SparseCsrCUDA",
+                  "NestedTensorCPU", "NestedTensorCUDA", "AutogradNestedTensor", "Conjugate", "Negative")
+
+
 def _fake(*args) -> None:
     return None
 
@@ -27,6 +34,10 @@ def register(schema: str, fn, fake=None) -> None:
     implementation; without one, a fake that does nothing."""
     name = schema.split("(", 1)[0]
     LIBRARY.define(schema)
-    for key in ("CPU", "CUDA"):
+    for key in ("CPU", "CUDA") + _REFUSED_BY_FN:
         LIBRARY.impl(name, fn, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake or _fake, lib=LIBRARY)
+    # A call with a real tensor on the meta device (traced ones are fake tensors, which take
+    # ``fake``) would run the fake and write nothing: ``fn`` checks it as the plain function
+    # does (a tensor it reads on meta is a ValueError naming it).
+    LIBRARY.impl(name, fn, "Meta", allow_override=True)

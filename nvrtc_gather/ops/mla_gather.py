@@ -241,7 +241,7 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
         try:
             key = _key(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
             layout = _layouts.get(key)
-        except AttributeError:  # not tensors: plan_gather says which
+        except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
             key = None
     if layout is not None:  # the fast path: only the pointer checks
         src_p, dst_p, bt_p, ws_p = src_cache.data_ptr(), dst.data_ptr(), block_table.data_ptr(), workspace_starts.data_ptr()
@@ -281,7 +281,10 @@ def prepared(src_cache, dst, block_table, workspace_starts, batch_size, seq_star
 def gather_fake(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None) -> None:
     """The fake (meta) implementation: plan_gather's overlap check (WRITES, READS) on the traced
     tensors' storages (ops/fake_checks.py says why); of the per-request tensors only the first
-    batch_size rows count, as in the full checks."""
+    batch_size rows count, as in the full checks; the eager type and rank checks come first
+    (shapes are read after them)."""
+    fake_checks.int_arg("batch_size", batch_size)
+    _check_types(src_cache, dst, block_table, workspace_starts, seq_starts)
     if dst.size(0) and batch_size:
         fake_checks.check(WRITES, READS, dict(dst=dst, src_cache=src_cache, block_table=block_table,
                                               workspace_starts=workspace_starts, seq_starts=seq_starts),

@@ -39,12 +39,13 @@ def gather_torch(plan, src_cache, dst, block_table, workspace_starts, seq_starts
         raise ValueError(f"workspace_starts: must be non-decreasing, but entry {r} = {int(ws[r])} > "
                          f"entry {r + 1} = {int(ws[r + 1])}")
     first = seq_starts[:b].to(torch.int64) if seq_starts is not None else torch.zeros(b, dtype=torch.int64, device=dev)
-    if seq_starts is not None and int(first.min()) < 0:
-        r = int(torch.nonzero(first < 0)[0])
-        raise ValueError(f"seq_starts: entry {r} = {int(first[r])} is negative")
     begin = ws.clamp(max=total)
     end = torch.cat((ws[1:], ws.new_full((1,), total))).clamp(max=total)
     lens = end - begin
+    # Only a request that owns a row reads its seq_starts entry (as the kernel): the rest may be anything.
+    if seq_starts is not None and bool(((first < 0) & (lens > 0)).any()):
+        r = int(torch.nonzero((first < 0) & (lens > 0))[0])
+        raise ValueError(f"seq_starts: entry {r} = {int(first[r])} is negative")
     n = int(lens.sum())
     if n == 0:
         return

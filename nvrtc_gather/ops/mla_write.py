@@ -306,7 +306,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
         key = (fast_path.layout_key5(kv_c, k_pe, kv_cache, slot_mapping, scale), kv_cache_dtype, skip_scale,
                ds_scale_rule)
         layout = _layouts.get(key)
-    except (AttributeError, TypeError):  # not tensors, unhashable options: plan_write says which
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: plan_write says which
         key = None
     if layout is not None:  # the fast path: only the pointer checks
         kv_c_p, k_pe_p, sm_p, kv_p = kv_c.data_ptr(), k_pe.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
@@ -345,11 +345,13 @@ def write_fake(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_s
                ds_scale_rule="pow2") -> None:
     """The fake (meta) implementation: plan_write's overlap check (WRITES, READS) on the traced
     tensors' storages (ops/fake_checks.py says why); only the rows that are read count, and
-    scale only where the format reads it. Arguments the full checks refuse are left to them."""
+    scale only where the format reads it, after the eager format, type and rank checks (shapes
+    are read after them). Other arguments the full checks refuse are left to them."""
+    fmt = _format(kv_cache_dtype)
+    _flags(fmt, skip_scale, ds_scale_rule)
+    _check_types(kv_c, k_pe, kv_cache, slot_mapping, scale, fmt)
     n = slot_mapping.size(0)
-    fmt = FORMATS.get(kv_cache_dtype) if isinstance(kv_cache_dtype, str) else None
-    if not (n and fmt and isinstance(skip_scale, bool) and kv_c.dim() == 2 and k_pe.dim() == 2
-            and n <= kv_c.size(0) and n <= k_pe.size(0)):
+    if not (n and n <= kv_c.size(0) and n <= k_pe.size(0)):
         return
     reads_scale = _reads_scale(fmt, spec.SKIP_SCALE if skip_scale else 0) and scale.numel() > 0
     fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping,

@@ -203,3 +203,24 @@ def test_one_request_without_seq_starts(emu, start_row):
                           extra_rows=3), rows_per_cta=8)
         check(emu, _maker(f"one-{start_row}-{block_size}", lens=[70], start_row=start_row, block_size=block_size,
                           conversion="e5m2_f32"), rows_per_cta=37)
+
+
+@pytest.mark.parametrize("owner", ["empty", "cut_off"])
+def test_seq_starts_of_a_request_without_rows_is_never_read(emu, owner):
+    """Issue #36 item 5: a negative seq_starts entry of a request that owns no row (an empty
+    one, or one whose rows are all past T) is not read: the CPU path writes what the kernel
+    writes and raises nothing, and the kernel in debug mode reports nothing (before: the CPU
+    path raised ValueError, debug mode was silent)."""
+    lens, cut = ([9, 0, 6, 10], 0) if owner == "empty" else ([9, 12, 6, 10], 14)
+    victim = 1 if owner == "empty" else 3
+
+    def make():
+        case = make_case(random.Random(f"owner-{owner}"), lens=lens, conversion="e4m3_bf16", seq_starts=True,
+                         cut_rows=cut)
+        case.seq_starts[victim] = -5
+        return case
+    check(emu, make)
+    for tiny in (False, True):
+        err = torch.zeros(4, dtype=torch.int64)
+        run_kernel(emu, make(), "gather_and_maybe_dequant_cache", err=err, tiny=tiny)
+        assert int(err[0]) == 0, (owner, tiny, err.tolist())

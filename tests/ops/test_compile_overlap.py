@@ -93,3 +93,18 @@ def test_write_op_cache_viewing_k_is_refused_and_nothing_is_written(backend):
     _raises_overlap(torch.compile(step, fullgraph=True, backend=backend), k, slots,
                     match="kv_cache: its memory overlaps k")
     assert torch.equal(k, before)
+
+
+def test_an_overlap_at_a_symbolic_offset_is_the_named_value_error():
+    """Issue #36 item 4: under dynamic=True the overlap's offsets are SymInts; formatting the
+    message raised TypeError (no hex format) instead of the ValueError naming both."""
+    def step(buf, bt, cu):
+        dst = buf[buf.shape[0] - 40:].view(5, 8)  # an offset that depends on a dynamic size
+        ng.cp_gather_cache(buf[:64].view(2, 4, 8), dst, bt, cu, 1)
+        return dst.sum()
+
+    torch._dynamo.reset()
+    fn = torch.compile(step, fullgraph=True, dynamic=True, backend="eager")
+    with pytest.raises(Exception) as info:
+        fn(torch.zeros(90), torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32))
+    assert "dst: its memory overlaps src_cache" in str(info.value), str(info.value)[:2000]
