@@ -1,6 +1,7 @@
-"""How the benchmarks time things, in one place (bench.py, bench_mla.py, sweep_mla.py and the
-experiment scripts use these): the L2 flush, interleaved CUDA-event timing, and the host cost of
-single calls. benchmarks/NOTES.md ("Method") says why each step is there."""
+"""How the benchmarks check and time things, in one place (every family module and experiment
+uses these): the byte-exact check before any timing, the L2 flush, interleaved CUDA-event
+timing, the copy of the same bytes (the ceiling every op is held to), the ratios of a row, and
+the host cost of single calls. benchmarks/NOTES.md ("Method") says why each step is there."""
 from __future__ import annotations
 
 import statistics
@@ -9,6 +10,7 @@ import time
 import torch
 
 _SPIN_CYCLES = 100_000  # ~50 µs at the H200's 1.98 GHz
+SMALL_TOKENS = 100_000  # calls below this are noisy: more runs for them (reps_for)
 
 
 def l2_bytes() -> int:
@@ -18,6 +20,23 @@ def l2_bytes() -> int:
 def flush_buffer() -> torch.Tensor:
     """Zeroing this (twice the L2, plus 64 MiB) before a run evicts whatever the last run left."""
     return torch.empty(2 * l2_bytes() // 4 + (64 << 20) // 4, dtype=torch.int32, device="cuda")
+
+
+def check_same(who: str, got: torch.Tensor, want: torch.Tensor, where: str) -> None:
+    """Raise unless ``got`` holds ``want``'s bytes, naming the first byte that differs."""
+    g, w = got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)
+    bad = torch.nonzero(g != w).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise AssertionError(f"{who} is not byte-exact on {where}: {bad.numel()} bytes differ, first at byte {i}: "
+                             f"{int(g[i])} vs {int(w[i])}")
+
+
+def copy_fn(moved: int, gen: torch.Generator | None = None):
+    """A device copy_ that reads and writes moved / 2 bytes each: moved bytes in all."""
+    src = torch.randint(0, 256, (moved // 2,), dtype=torch.uint8, device="cuda", generator=gen)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict[str, list[float]]:
@@ -45,14 +64,9 @@ def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> 
     return {k: [a.elapsed_time(b) * 1000.0 for a, b in ev[k]] for k in names}
 
 
-def time_interleaved(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict:
-    """Median µs of each function (time_samples)."""
-    return {k: statistics.median(xs) for k, xs in time_samples(fns, flush, reps, warmup).items()}
-
-
-def time_gpu(fn, flush: torch.Tensor, reps: int, warmup: int = 3) -> float:
+def time_gpu(fn, flush: torch.Tensor, reps: int) -> float:
     """Median µs of ``fn`` over ``reps`` runs, L2 flushed before each."""
-    return time_interleaved({"fn": fn}, flush, reps, warmup)["fn"]
+    return statistics.median(time_samples({"fn": fn}, flush, reps)["fn"])
 
 
 def summarize(row: dict, samples: dict[str, list[float]]) -> None:
@@ -63,14 +77,36 @@ def summarize(row: dict, samples: dict[str, list[float]]) -> None:
         row[f"{k}_spread_us"] = [round(q[0], 2), round(q[-1], 2)]
 
 
+def reps_for(tokens: int, reps: int, small_factor: int) -> int:
+    """Timed runs of a row: ``reps``, ``small_factor`` times as many below SMALL_TOKENS."""
+    return max(5, reps if tokens >= SMALL_TOKENS else small_factor * reps)
+
+
+def timed(row: dict, fns: dict, flush: torch.Tensor, reps: int, small_factor: int = 3) -> dict:
+    """``row`` (its "tokens" and "bytes" set) with the interleaved timings of ``fns`` ("op" and
+    "copy", maybe "baseline" and others: medians and spreads) and their ratios."""
+    summarize(row, time_samples(fns, flush, reps_for(row["tokens"], reps, small_factor)))
+    return ratios(row)
+
+
+def ratios(row: dict) -> dict:
+    """A timed row's ratios: op and baseline (where timed) to the copy and to each other, GB/s."""
+    row["op_over_copy"] = row["op_us"] / row["copy_us"]
+    if "baseline_us" in row:
+        row["baseline_over_copy"] = row["baseline_us"] / row["copy_us"]
+        row["baseline_over_op"] = row["baseline_us"] / row["op_us"]
+    row["op_GBps"] = row["bytes"] / row["op_us"] / 1e3
+    row["copy_GBps"] = row["bytes"] / row["copy_us"] / 1e3
+    return row
+
+
 def host_costs(calls: dict, per_fn: int = 10000, burst: int = 250, sync=torch.cuda.synchronize) -> dict[str, float]:
     """Median µs of single calls (host cost) of each ``name: (fn, args)``, in bursts of
     ``burst`` calls with an untimed ``sync()`` after each, so the GPU's launch queue never fills
-    (a full queue would make the host wait for the GPU and measure kernel time instead;
-    host_overhead_cpu.py, with no GPU, passes a no-op). The bursts of all functions are
-    interleaved in a rotating order, ``per_fn`` calls each in all: the host's speed drifts by
-    tens of percent within minutes, and interleaving makes every function (the yardstick
-    included) see the same drift, so their ratios hold."""
+    (a full queue would make the host wait for the GPU and measure kernel time instead). The
+    bursts of all functions are interleaved in a rotating order, ``per_fn`` calls each in all:
+    the host's speed drifts by tens of percent within minutes, and interleaving makes every
+    function (the yardstick included) see the same drift, so their ratios hold."""
     names = list(calls)
     for fn, fargs in calls.values():
         for _ in range(200):

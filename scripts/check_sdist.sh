@@ -8,6 +8,12 @@ trap 'rm -rf "$work"' EXIT
 .venv/bin/python -m build --sdist --outdir "$work/dist" . >/dev/null
 tar -xzf "$work"/dist/*.tar.gz -C "$work"
 src=$(echo "$work"/nvrtc_gather-*/)
+# what README's "what is where" says the sdist holds of benchmarks/: the benchmark and its record,
+# not the lab notebook (benchmarks/experiments/)
+for f in benchmarks/*.py benchmarks/*.cu benchmarks/*.md benchmarks/*.json benchmarks/*.png; do
+  [ -f "$src/$f" ] || { echo "the sdist lacks $f" >&2; exit 1; }
+done
+[ ! -e "$src/benchmarks/experiments" ] || { echo "the sdist ships benchmarks/experiments/" >&2; exit 1; }
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip
 "$work/venv/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"

@@ -8,10 +8,10 @@
 #   and tests/integrations, slow ones included; twogpu = tests/gpu/test_two_gpus.py alone (tensor-parallel
 #   workers, one per GPU, and one process on two GPUs; its 2-GPU parts skip with the reason on one GPU);
 #   resources = registers, shared memory and spills of every module's kernels for this GPU;
-#   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/profile_gather.py);
-#   bench = benchmarks/bench.py, the MLA-cache ops' tables included (benchmarks/bench_mla.py, with the
-#   chunked-context gathers' table, bench_cache_gather.py; --skip-mla in BENCH_ARGS leaves them out,
-#   --skip-chunked only the latter); bench_mla = the MLA tables alone (BENCH_MLA_ARGS passes its options);
+#   profile = the gather builds' kernel durations under Nsight Compute (benchmarks/experiments/profile_gather.py);
+#   bench = benchmarks/bench.py, every family (indexer, mla, chunked; --families / --skip in BENCH_ARGS
+#   choose, --skip-mla leaves out mla and chunked, --skip-chunked the latter); bench_mla = the same
+#   driver on the MLA families alone (--families mla,chunked; BENCH_MLA_ARGS passes more options);
 #   a PATH is a test file run on its own; BENCH_ARGS passes options to the benchmark,
 #   PROFILE_ARGS workloads (BATCHxMEAN ...) to the profile)
 # Logs and results go to $OUT (the device tool's output folder) or ./out.
@@ -95,12 +95,13 @@ for m in kernels.ALL_MODULES:
         2>&1 | tee "$OUT/resources.log" | grep -E "cubin|gather" -A1 | head -60 || status=1 ;;
     profile)
       ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \
-        --kernel-name regex:'gather_indexer|baseline' python3 benchmarks/profile_gather.py run ${PROFILE_ARGS:-} > "$OUT/ncu.csv" \
-        && python3 benchmarks/profile_gather.py report "$OUT/ncu.csv" ${PROFILE_ARGS:-} | tee "$OUT/profile.log" || status=1 ;;
+        --kernel-name regex:'gather_indexer|baseline' python3 benchmarks/experiments/profile_gather.py run ${PROFILE_ARGS:-} > "$OUT/ncu.csv" \
+        && python3 benchmarks/experiments/profile_gather.py report "$OUT/ncu.csv" ${PROFILE_ARGS:-} | tee "$OUT/profile.log" || status=1 ;;
     bench)
       python3 benchmarks/bench.py "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     bench_mla)
-      python3 benchmarks/bench_mla.py "$OUT" ${BENCH_MLA_ARGS:-} 2>&1 | tee "$OUT/bench_mla.log" || status=1 ;;
+      mkdir -p "$OUT/bench_mla"
+      python3 benchmarks/bench.py "$OUT/bench_mla" --families mla,chunked ${BENCH_MLA_ARGS:-} 2>&1 | tee "$OUT/bench_mla.log" || status=1 ;;
     *) python3 -m pytest -q -rs $stage 2>&1 | tail -25 || status=1 ;;
   esac
 done

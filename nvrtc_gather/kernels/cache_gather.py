@@ -68,10 +68,18 @@ TINY_MODULES = {conv: _module(conv, widest(conv), "_tiny", tiny=True) for conv i
 register(*MODULES.values(), *TINY_MODULES.values())
 
 
+def kernel_for(conversion: str, widths: tuple[int, int], tiny: bool, rows_per_cta: int) -> tuple[KernelModule, int]:
+    """The module of a call and its rows per block: the tiny kernel's (one warp per row, WARPS
+    rows per block) for a small call whose tensors take the widest accesses (use_tiny), else the
+    tile kernel's of those widths (``rows_per_cta`` rows per block)."""
+    if tiny and widths == widest(conversion):
+        return TINY_MODULES[conversion], WARPS
+    return MODULES[conversion, widths], rows_per_cta
+
+
 def module_for(conversion: str, widths: tuple[int, int], tiny: bool) -> KernelModule:
-    """The module of a call: the tiny kernel's for a small call whose tensors take the widest
-    accesses (use_tiny), else the tile kernel's of those widths."""
-    return TINY_MODULES[conversion] if tiny and widths == widest(conversion) else MODULES[conversion, widths]
+    """The module of a call (kernel_for's)."""
+    return kernel_for(conversion, widths, tiny, 0)[0]
 
 
 def load_width(bits: int, conversion: str) -> int:

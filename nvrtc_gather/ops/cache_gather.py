@@ -245,8 +245,7 @@ def struct_fields(p: CacheGatherPlan) -> dict:
 def launch_config(p: CacheGatherPlan) -> LaunchConfig:
     """The launch of a validated call with rows and requests: the tiny kernel (one warp per row)
     or the tile kernel (rows_per_cta rows per block)."""
-    m = spec.module_for(p.conversion, (p.vec, p.svec), p.tiny)
-    rows = spec.WARPS if m is spec.TINY_MODULES[p.conversion] else p.rows_per_cta
+    m, rows = spec.kernel_for(p.conversion, (p.vec, p.svec), p.tiny, p.rows_per_cta)
     return LaunchConfig(m.kernels[0], spec.grid(p.num_rows, rows), struct_fields(p))
 
 

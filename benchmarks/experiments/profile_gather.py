@@ -3,8 +3,8 @@ flushes the caches before each kernel and reads the GPU's own timer: no event or
 overhead in the number, so differences of a few hundred nanoseconds show.
 
     ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,launch__shared_mem_config_size \\
-        --kernel-name regex:'gather_indexer|baseline' python3 benchmarks/profile_gather.py run [BxM ...] > ncu.csv
-    python3 benchmarks/profile_gather.py report ncu.csv [BxM ...]
+        --kernel-name regex:'gather_indexer|baseline' python3 benchmarks/experiments/profile_gather.py run [BxM ...] > ncu.csv
+    python3 benchmarks/experiments/profile_gather.py report ncu.csv [BxM ...]
 
 `run` launches, per workload, every configuration REPS times in a fixed order;
 `report` groups ncu's rows back by that order and prints medians."""
@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench.py beside it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the indexer family
 
 WORKLOADS = [(1, 131072), (64, 2048), (4, 32768), (1, 70000), (1, 40000), (8, 131072), (4096, 64), (1, 1000),
              (8, 100)]
@@ -23,8 +23,8 @@ REPS = 15
 def configs():
     """(label, benchmark build or None for the op, rows per block or None for the op's rule;
     at head_dim 128, 256 rows run the wide kernels)."""
-    import bench
-    out = [("op", None, None)] + [(m.name.replace("gather_indexer_k_", ""), m, None) for m in bench.GATHER_VARIANTS]
+    import indexer
+    out = [("op", None, None), ("control", indexer.GATHER_CONTROL, None)]
     out += [("op, 16K blocks", None, 128), ("op, 32K wide", None, 256), ("linear scan", "baseline", None)]
     return out
 
@@ -32,17 +32,17 @@ def configs():
 def run(workloads) -> None:
     import torch
 
-    import bench
+    import indexer
     import timing
     from nvrtc_gather.ops import gather
     l2 = timing.l2_bytes()
     for batch, mean in workloads:
-        w = bench.Workload(batch, mean, l2, seed=batch * 7 + mean)
+        w = indexer.GatherWorkload(batch, mean, l2, seed=batch * 7 + mean)
         k, s = w.outputs()
-        args = (w.kv, k, s, w.block_table, w.cu)
+        args = w.args(k, s)
         for label, module, tpc in configs():
             if module == "baseline":
-                fn = bench.baseline_prepared(w, k, s)
+                fn = indexer.baseline_prepared(w, k, s)
             else:
                 fn = gather.prepared(*args, module=module, tokens_per_cta=tpc)
             for _ in range(REPS):

@@ -1,36 +1,26 @@
-"""benchmarks/bench_cache_gather.py without a GPU (issue 27): its dry run plans every row (the op's
-full checks on each workload, byte counts, the baseline's grid) and compiles the vLLM-style
-baseline for sm_90 with NVRTC; and the baseline itself runs on the host emulator, byte-exact
-against the independent reference (tests/helpers/cache_gather_reference.py), so that the H200 run
-does not find a broken baseline only when it checks it."""
-import os
+"""benchmarks/chunked.py without a GPU (issue 27): its dry run plans every row (the op's full
+checks on each workload, byte counts, the baseline's grid) and compiles the vLLM-style baseline
+for sm_90 with NVRTC; and the baseline itself runs on the host emulator, byte-exact against the
+independent reference (tests/helpers/cache_gather_reference.py), so that the H200 run does not
+find a broken baseline only when it checks it."""
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from helpers.cache_gather_reference import make_case, reference
-from helpers.fresh_python import REPO
 from helpers.host_emu import emu_launch, emulator
 from nvrtc_gather.ops import cache_gather
 
-BENCH = os.path.join(REPO, "benchmarks")
-
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, BENCH)
-    try:
-        import bench_cache_gather
-        yield bench_cache_gather
-    finally:
-        sys.path.remove(BENCH)
+def chunked(bench):
+    import chunked
+    return chunked
 
 
-def test_dry_run_plans_every_row_and_compiles_the_baseline(bench):
-    plans = bench.dry_run()  # raises on a plan the op refuses, a byte count or grid that is off, no cubin
+def test_dry_run_plans_every_row_and_compiles_the_baseline(chunked):
+    plans = chunked.dry_run()["chunked_gather_workloads"]  # raises on a refused plan, a byte count or grid that is off, no cubin
     # issue 27's nine workloads x (cp_gather fp8, dequant auto bf16, dequant fp8 -> bf16) x seq_starts off/on
     assert {p["workload"] for p in plans} == {"1x65536", "1x131072", "8x16384", "64x2048", "256x1000", "1024x256",
                                               "4096x64", "1x1000", "8x100"}
@@ -45,13 +35,11 @@ def test_dry_run_plans_every_row_and_compiles_the_baseline(bench):
     assert tasks["4096x64", "cp_gather fp8", True] > tasks["4096x64", "cp_gather fp8", False]
 
 
-def test_dry_run_from_the_command_line():
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_cache_gather.py"), "--dry-run"],
-                       capture_output=True, text=True, timeout=600, cwd=REPO,
-                       env=os.environ | {"PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])})
+def test_dry_run_from_the_command_line(run_bench):
+    r = run_bench("--dry-run", "--families", "chunked")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.startswith("dry run: 54 rows planned, byte counts checked, baseline_cache_gather compiled for "
-                               "sm_90"), r.stdout[:500]
+    assert r.stdout.startswith("chunked: 54 chunked_gather_workloads planned, baselines compiled for sm_90"), \
+        r.stdout[:500]
 
 
 # (variant index, case arguments): ragged requests with empty ones, seq_starts, rows past the last
@@ -67,9 +55,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("variant, kw", CASES)
-def test_the_baseline_is_byte_exact_on_the_emulator(bench, tmp_path_factory, variant, kw):
-    dll = emulator(tmp_path_factory, kernel="baseline_cache_gather", modules=[bench.BASELINE])
-    label, op, kv_cache_dtype, _, _, entry = bench.VARIANTS[variant]
+def test_the_baseline_is_byte_exact_on_the_emulator(chunked, tmp_path_factory, variant, kw):
+    dll = emulator(tmp_path_factory, kernel="baseline_cache_gather", modules=[chunked.BASELINE])
+    label, op, kv_cache_dtype, _, _, entry = chunked.VARIANTS[variant]
     case = make_case(random.Random(hash(str(kw)) & 0xFFFF), **kw)
     args = case.cp_args() if op == "cp_gather_cache" else case.dequant_args(kv_cache_dtype)
     p = cache_gather.plan_for(op, *args)
@@ -80,28 +68,29 @@ def test_the_baseline_is_byte_exact_on_the_emulator(bench, tmp_path_factory, var
                   num_rows=p.num_rows, batch=p.batch, block_size=p.block_size, max_blocks=p.max_blocks,
                   row_bytes=p.row_bytes, unused=0)
     grid = -(-p.num_rows // p.block_size) + 2 * p.batch
-    emu_launch(dll, bench.BASELINE_PARAMS, entry, grid, fields)
+    emu_launch(dll, chunked.BASELINE_PARAMS, entry, grid, fields)
     assert torch.equal(case.dst_store, reference(case)), (label, case.desc)
 
 
-def test_a_row_prints_and_lands_in_the_record_tables(bench):
-    """The row format bench.py / bench_mla.py record (chunked_gather_workloads) and print, from
+def test_a_row_prints_and_lands_in_the_record_tables(chunked):
+    """The row the record holds (chunked_gather_workloads) and the line printed for it, from
     made-up timings: the ratios, the targets (1.1x the copy from 64K tokens, 1.3x below, faster
-    than the baseline) and the markdown table through bench_mla.markdown_tables."""
-    import bench_mla
+    than the baseline) and the markdown table."""
+    import timing
 
     def row(tokens, op, copy, base):
         r = {"workload": "1x65536", "variant": "cp_gather fp8", "seq_starts": True, "requests": 1, "tokens": tokens,
              "bytes": tokens * 1152, "op_us": op, "copy_us": copy, "baseline_us": base,
              "op_spread_us": [op - 1, op + 1], "baseline_spread_us": [base - 1, base + 1]}
-        bench_mla._ratios(r)
-        return bench._targets(r)
+        return chunked.targets(timing.ratios(r))
     fast, slow_small, beaten = row(65536, 33.0, 30.0, 40.0), row(1000, 6.6, 5.0, 9.0), row(65536, 31.0, 30.0, 30.5)
     assert fast["target_over_copy"] == 1.1 and fast["meets_targets"]
     assert slow_small["target_over_copy"] == 1.3 and not slow_small["meets_targets"]  # 1.32x the copy
     assert not beaten["meets_targets"]  # within 1.1x, but the baseline is faster
-    assert bench.fmt_row(fast).split()[-1] == "ok" and bench.fmt_row(slow_small).split()[-1] == "MISSED"
-    md = bench_mla.markdown_tables({"chunked_gather_workloads": [fast, slow_small]})
+    met = [t for t, _ in chunked.TABLE.columns].index("met")
+    assert chunked.TABLE.line(fast).split(" | ")[met] == "yes"
+    assert chunked.TABLE.line(slow_small).split(" | ")[met] == "no"
+    md = chunked.markdown({"chunked_gather_workloads": [fast, slow_small]})
     assert md[1].startswith("| chunked gather (requests x context) | variant | seq_starts |") and len(md) == 5
     assert md[3] == "| 1x65536 | cp_gather fp8 | yes | 65536 | 75.5 | 30.0 | 33.0 | 1.10 | 40.0 | 1.33 | 1.1 | yes | " \
                     "32.0-34.0 |", md[3]
