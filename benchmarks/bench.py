@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 import chunked
+import dsv4
+import engine_entries
 import indexer
 import mla
 import record
@@ -29,6 +31,8 @@ FAMILIES = (
     indexer,   # cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache
     mla,       # cp_gather_and_upconvert_fp8_kv_cache, concat_and_cache_mla
     chunked,   # cp_gather_cache, gather_and_maybe_dequant_cache
+    engine_entries,  # SGLang's index-K read and write as SGLang calls them
+    dsv4,      # DeepSeek-V4's record gathers, SGLang's and vLLM's forms
 )
 
 
