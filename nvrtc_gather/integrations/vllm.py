@@ -91,7 +91,8 @@ class VllmStatus:
         replaced) or ``"nvrtc_gather"`` (vLLM's library was not loaded: defined here, with CPU
         kernels); None before registering.
     activated_by: ``"plugin"`` (vLLM's plugin loader), ``"register()"`` (a direct call), or None.
-    disabled_by: e.g. ``"NVRTC_GATHER_VLLM=0"`` when the plugin ran but was switched off.
+    disabled_by: e.g. ``"NVRTC_GATHER_VLLM=off"`` (the value given) when the plugin ran but was
+        switched off.
     preload: the worker hook's state (integrations/vllm_worker.py: ``status()``).
     left_to_vllm: ops asked for but left to vLLM, with why (a loaded schema we do not serve).
     """
@@ -286,7 +287,7 @@ def plugin() -> None:
     stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all six) unless
     ``NVRTC_GATHER_VLLM`` is off, and hooks the worker's device setup to load their kernels
     on that GPU before serving. A bad value of either variable raises ValueError naming it."""
-    off = None if activation.vllm_enabled() else f"{activation.ENABLE_ENV}=0"
+    off = activation.switched_off_by()
     if off is None and torch.version.hip is not None:
         off = "a ROCm build of torch (NVRTC kernels need an NVIDIA GPU)"
     if off is not None:
