@@ -16,7 +16,8 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 # that is the CPU build; from plain PyPI on Linux, torch==2.13.0 is the default CUDA build
 # and pulls its multi-GB nvidia-* wheels even on a machine without a GPU (add
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu, or TORCH_SPEC=torch==2.13.0+cpu with it).
-"$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+# numpy with it: torch imported without numpy warns "Failed to initialize NumPy" (the line below imports it).
+"$VENV/bin/python" -m pip install -q "$TORCH_SPEC" numpy
 CUDA_EXTRA=${CUDA_EXTRA:-$("$VENV/bin/python" -c 'import torch; v = torch.version.cuda; print("cu12" if v and v.startswith("12.") else "cu13")')}
 "$VENV/bin/python" -m pip install -q -e ".[test,$CUDA_EXTRA]"
 echo "installed into $VENV: $("$VENV/bin/python" -c 'import torch, nvrtc_gather; print("nvrtc_gather", nvrtc_gather.__version__, "torch", torch.__version__)')"

@@ -1,7 +1,8 @@
 """The README's examples run as written (issue 25, item 5): every block marked
 ``<!-- example: NAME -->`` is a ```python block followed by a ```text block with what it prints;
 each runs in a fresh interpreter, from an empty directory, on CPU, and must exit 0 printing
-exactly that text."""
+exactly that text. Every other ```python block is marked ``<!-- fragment: WHY -->`` on the line
+before it (issue 36, item 9): a reader can tell what runs as written from what does not."""
 import os
 import re
 import subprocess
@@ -21,6 +22,19 @@ def _examples() -> dict[str, tuple[str, str]]:
     found = {m["name"]: (m["code"], m["out"]) for m in EXAMPLE.finditer(text)}
     assert len(found) == text.count("<!-- example: "), "a marked example is not a python block + text block"
     return found
+
+
+FRAGMENT = re.compile(r"<!-- fragment: [^\n>]*\w[^\n>]* -->\n```python\n")  # names why, on one line
+
+
+def test_every_python_block_is_an_example_or_a_marked_fragment():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    blocks = text.count("```python\n")
+    examples, fragments = len(_examples()), len(FRAGMENT.findall(text))
+    unmarked = [text[max(0, m.start() - 200): m.start() + 80] for m in re.finditer(r"```python\n", text)
+                if not re.search(r"(<!-- example: \w+ -->|<!-- fragment: [^\n>]*\w[^\n>]* -->)\n$", text[:m.start()])]
+    assert not unmarked and examples + fragments == blocks, "unmarked python blocks:\n" + "\n---\n".join(unmarked)
 
 
 def test_every_op_has_an_example():

@@ -4,7 +4,6 @@ Subcommands: demo, warmup, cache, info. (The benchmark is benchmarks/bench.py in
 only dispatches."""
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -58,8 +57,23 @@ def escape_unprintable_output() -> None:
 
 
 def main(argv=None) -> int:
+    from . import output
+
     argv = list(sys.argv[1:] if argv is None else argv)
     escape_unprintable_output()
+    stdout = sys.stdout
+    output.guard()
+    try:
+        status = _dispatch(argv)
+        sys.stdout.flush()
+        return status
+    except output.OutputError as exc:  # `>&-`, `> /dev/full`, `| head`: no traceback
+        return output.report(exc)
+    finally:
+        sys.stdout = stdout
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "--version":
         if len(argv) > 1:
             sys.stderr.write(f"nvrtc-gather: --version takes no arguments, got {' '.join(argv[1:])!r}\n")
@@ -81,10 +95,6 @@ def main(argv=None) -> int:
     except (InvalidSettingError, CacheLocationError, JitDisabledError) as exc:  # the environment, not a bug: say what to set
         sys.stderr.write(f"nvrtc-gather {argv[0]}: error: {exc}\n")
         return 2
-    except BrokenPipeError:  # `nvrtc-gather info | head`: the reader left; no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@
             with their lock files (then exit 0 if all went, 1, naming each and why, if any
             could not be deleted); ``--arch sm_90 ...`` also exits 1 unless every kernel the
             ops can load on a GPU of each arch is present and current (a serving process
-            there compiles nothing)
+            there compiles nothing); an ARCH that names no GPU arch exits 2
     clear   remove every image file, lock file (orphans too) and leftover temp file, not the
             directory; exit 1, naming each file and why, if any could not be removed
 
@@ -91,7 +91,7 @@ def _report_failures(failed: list[tuple[str, str]], directory: Path, again: str)
                          f"above), then run `{again}` again\n")
 
 
-def _verify(disk: cubin_cache.DiskCache, fix: bool, archs: list[str] | None) -> int:
+def _verify(disk: cubin_cache.DiskCache, fix: bool, archs: list | None) -> int:
     scan = disk.scan()
     if scan.error is not None and not isinstance(scan.error, FileNotFoundError):  # not "all well"
         sys.stderr.write(f"error: cannot list {disk.directory} ({scan.error.strerror or scan.error}); make sure "
@@ -129,20 +129,26 @@ def _verify(disk: cubin_cache.DiskCache, fix: bool, archs: list[str] | None) -> 
     return 1 if (bad and not fix) or failed or problem or not serves else 0
 
 
-def _check_serves(disk: cubin_cache.DiskCache, images: list[cubin_cache.ImageFile], archs: list[str],
-                  problem: str | None) -> bool:
-    """Whether a process of this install, on a GPU of each arch, finds every kernel the ops
-    can load in this cache (so it compiles nothing): each arch is mapped as warmup maps it, and
-    a module is there when ``images`` (the scan, verified) hold an intact file under its key."""
-    from ..errors import MissingDependencyError
-    from ..jit import build, spec
+def _targets(archs: list[str]):
+    """``--arch`` as the targets a GPU of each arch loads, mapped as warmup maps them (and, as
+    for warmup, an arch that cannot be read or mapped is a usage error: exit 2); None after a
+    message on stderr."""
     from .warmup import parse_arch
 
     try:
-        targets = list(dict.fromkeys(parse_arch(a) for a in archs))
-    except (ValueError, MissingDependencyError) as exc:
+        return list(dict.fromkeys(parse_arch(a) for a in archs))
+    except ValueError as exc:
         sys.stderr.write(f"error: --arch: {exc}\n")
-        return False
+        return None
+
+
+def _check_serves(disk: cubin_cache.DiskCache, images: list[cubin_cache.ImageFile], targets: list,
+                  problem: str | None) -> bool:
+    """Whether a process of this install, on a GPU of each target, finds every kernel the ops
+    can load in this cache (so it compiles nothing): a module is there when ``images`` (the
+    scan, verified) hold an intact file under its key."""
+    from ..jit import build, spec
+
     intact = {i.key for i in images if i.valid}  # a key names one module and arch
     ok = problem is None
     for t in targets:
@@ -204,7 +210,10 @@ def main(argv=None) -> int:
     if args.action == "list":
         return _list(disk)
     if args.action == "verify":
-        return _verify(disk, args.fix, args.arch)
+        targets = _targets(args.arch) if args.arch else None
+        if args.arch and targets is None:
+            return 2
+        return _verify(disk, args.fix, targets)
     return _clear(disk)
 
 

@@ -134,9 +134,10 @@ def _bindings_vs_nvrtc(notes) -> None:
                  f"{cuda_packages.driver_match_hint(bindings)}.")
 
 
-def _vllm(lines, notes) -> None:
+def _vllm(lines, notes, nv) -> None:
     """What the vLLM plugin will do in a vLLM process of this environment (``info`` runs in its
-    own process: inside vLLM, ``nvrtc_gather.integrations.vllm.status()`` says what it did)."""
+    own process: inside vLLM, ``nvrtc_gather.integrations.vllm.status()`` says what it did);
+    a warning where it is installed and on but NVRTC (``nv``: None) is not usable."""
     from importlib import metadata
 
     from ..errors import InvalidSettingError
@@ -152,6 +153,10 @@ def _vllm(lines, notes) -> None:
             will = f"switched off by {activation.ENABLE_ENV}"
         else:
             will = "replaces " + ", ".join(activation.vllm_ops()) + " in vLLM processes"
+            if found and nv is None:
+                notes.append(f"the vLLM plugin is installed and on, but NVRTC is not usable here (see NVRTC above): "
+                             f"vLLM's workers will fail at startup loading its kernels. Install NVRTC as the NVRTC "
+                             f"line says, or set {activation.ENABLE_ENV}=0 to leave vLLM's own kernels in place.")
     except ValueError as exc:  # a bad NVRTC_GATHER_VLLM is one of _variables' warnings already
         will = "INVALID setting"
         if not isinstance(exc, InvalidSettingError):
@@ -182,7 +187,7 @@ def collect() -> tuple[list[tuple[str, str]], list[str]]:
     _driver(lines, notes, nv)
     _torch(lines)
     _cache(lines)
-    _vllm(lines, notes)
+    _vllm(lines, notes, nv)
     _variables(lines, notes)
     return lines, notes
 

@@ -13,7 +13,8 @@ Guarantees:
   PTX), and the output says so for each arch it maps;
 - an image is reported ``compiled`` or ``cached`` only after it was read back from the
   cache directory and verified; the exit status is 0 only if every image is there
-  (1: some failed, 2: bad arguments or no arch to warm).
+  (1: some failed, 2: bad arguments, no arch to warm, or NVRTC_GATHER_DISABLE_JIT set: warming
+  is compiling).
 Builds run on threads: NVRTC releases the GIL (measured: 13 archs, 2 threads on 2 cores,
 1.8x faster than serial, the same as 2 processes), and threads need no start-up."""
 from __future__ import annotations
@@ -168,6 +169,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     out = sys.stdout
+    if settings.jit_disabled():  # a bad value raises InvalidSettingError: the CLI names the variable, exits 2
+        sys.stderr.write(f"error: warmup compiles, and {settings.DISABLE_JIT_ENV} forbids compiling in this "
+                         f"process; unset it for the warmup ({settings.DISABLE_JIT_ENV}=0 nvrtc-gather warmup ...)\n")
+        return 2
     if not args.cache_dir and not settings.disk_cache_enabled():
         sys.stderr.write(f"error: the disk cache is disabled by {settings.DISABLE_CACHE_ENV}; "
                          "unset it, or pass --cache-dir\n")

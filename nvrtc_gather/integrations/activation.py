@@ -3,7 +3,7 @@
 ``NVRTC_GATHER_VLLM``: on by default; ``0``/``false``/``no``/``off``/empty turn the plugin off,
 ``1``/``true``/``yes``/``on`` keep it on (case-insensitive). Anything else raises, naming the
 variable: a typo must not silently leave vLLM's kernels (or ours) in place.
-``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (default all six):
+``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (unset or empty: all six):
 ``gather`` (cp_gather_indexer_k_quant_cache), ``quant`` (indexer_k_quant_and_cache), ``mla_write``
 (concat_and_cache_mla), ``mla_gather`` (cp_gather_and_upconvert_fp8_kv_cache), ``cp_gather``
 (cp_gather_cache) and ``dequant_gather`` (gather_and_maybe_dequant_cache); the ops' full names are
@@ -32,14 +32,23 @@ OP_NAMES = {**SHORT_NAMES, **{name: name for name in ALL_OPS}}
 def vllm_enabled() -> bool:
     """NVRTC_GATHER_VLLM as a strict boolean (settings.parse_flag: InvalidSettingError, a
     ValueError, for anything else); unset means on."""
+    return switched_off_by() is None
+
+
+def switched_off_by() -> str | None:
+    """``NVRTC_GATHER_VLLM=<the value given>`` when that variable turns the plugin off (``off``,
+    ``no``, empty, ...), else None. Raises InvalidSettingError for a value that is not a boolean."""
     raw = os.environ.get(ENABLE_ENV)
-    return raw is None or settings.parse_flag(ENABLE_ENV, raw)
+    if raw is None or settings.parse_flag(ENABLE_ENV, raw):
+        return None
+    return f"{ENABLE_ENV}={raw}" if raw.strip() else f"{ENABLE_ENV}={raw!r} (empty)"
 
 
 def vllm_ops() -> tuple[str, ...]:
-    """The full names of the ops NVRTC_GATHER_VLLM_OPS selects, in a fixed order; unset means all."""
+    """The full names of the ops NVRTC_GATHER_VLLM_OPS selects, in a fixed order; unset or empty
+    (spaces only) means all, as for every other NVRTC_GATHER_ variable."""
     raw = os.environ.get(OPS_ENV)
-    if raw is None:
+    if raw is None or not raw.strip():
         return ALL_OPS
     return parse_ops(raw, OPS_ENV)
 

@@ -12,8 +12,8 @@ implementations too), so the override also works, and is tested, without vLLM. I
 The ops follow the schema of the vLLM that is loaded: ``skip_scale`` is honoured where the
 schema has it; calls we do not serve (the MLA gather's host-offload arguments ``host_cache`` /
 ``host_row_ids`` / ``device_row_ids``; a ``kv_cache_dtype`` outside ours: ``"fp8_e5m2"`` for the
-MLA write, anything but ``"auto"`` / ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"`` for the
-dequantizing gather) go to vLLM's own kernel, fetched before the override
+MLA write; for the dequantizing gather, a string outside vLLM's own list, which vLLM's kernel
+refuses too) go to vLLM's own kernel, fetched before the override
 (``torch.library.get_kernel``); an op whose schema we cannot serve at all (vLLM's oldest MLA
 gather, with ``seq_lens``; an older dequantizing gather with ``batch_size`` where 0.33 has
 ``token_to_seq``) is left to vLLM, and the log says why.
@@ -91,7 +91,8 @@ class VllmStatus:
         replaced) or ``"nvrtc_gather"`` (vLLM's library was not loaded: defined here, with CPU
         kernels); None before registering.
     activated_by: ``"plugin"`` (vLLM's plugin loader), ``"register()"`` (a direct call), or None.
-    disabled_by: e.g. ``"NVRTC_GATHER_VLLM=0"`` when the plugin ran but was switched off.
+    disabled_by: e.g. ``"NVRTC_GATHER_VLLM=off"`` (the value given) when the plugin ran but was
+        switched off.
     preload: the worker hook's state (integrations/vllm_worker.py: ``status()``).
     left_to_vllm: ops asked for but left to vLLM, with why (a loaded schema we do not serve).
     """
@@ -152,7 +153,7 @@ def _mla_gather(vllm_kernel, keyset, src_cache, dst, block_table, workspace_star
 
 def _dequant_gather(vllm_kernel, keyset, src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens,
                     kv_cache_dtype, scale, seq_starts=None):
-    if kv_cache_dtype not in GATHER_KV_CACHE_DTYPES:  # vLLM 0.33's kernel knows no others either: its error
+    if kv_cache_dtype not in GATHER_KV_CACHE_DTYPES:  # every string vLLM's kernel accepts is ours: its error
         return _to_vllm(vllm_kernel, keyset, "gather_and_maybe_dequant_cache", f"kv_cache_dtype={kv_cache_dtype!r}",
                         src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale,
                         seq_starts)
@@ -286,7 +287,7 @@ def plugin() -> None:
     stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all six) unless
     ``NVRTC_GATHER_VLLM`` is off, and hooks the worker's device setup to load their kernels
     on that GPU before serving. A bad value of either variable raises ValueError naming it."""
-    off = None if activation.vllm_enabled() else f"{activation.ENABLE_ENV}=0"
+    off = activation.switched_off_by()
     if off is None and torch.version.hip is not None:
         off = "a ROCm build of torch (NVRTC kernels need an NVIDIA GPU)"
     if off is not None:

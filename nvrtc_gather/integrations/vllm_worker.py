@@ -71,7 +71,7 @@ def modules_for(ops, dtype: torch.dtype | None = None, cache_dtype: str | None =
     convs = []
     if activation.CP_GATHER in ops or activation.DEQUANT_GATHER in ops:
         convs.append("copy")  # cp_gather_cache; the "auto" dequantizing gather
-    if activation.DEQUANT_GATHER in ops:  # fp8 caches only (fp8_ds_mla never comes here)
+    if activation.DEQUANT_GATHER in ops:  # fp8 caches only
         formats = ("e4m3", "e5m2") if cache_dtype is None else (GATHER_KV_CACHE_DTYPES.get(cache_dtype),)
         want = TYPE_NAMES.get(dtype)
         convs += [c for c in cache_gather_kernels.CONVERSIONS

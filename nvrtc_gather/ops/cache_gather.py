@@ -23,7 +23,11 @@ from .fast_path import Launch, LaunchConfig, LayoutMemo
 _I32 = torch.int32
 _OUT_TYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 _FP8_SOURCES = {"e4m3": (torch.uint8, torch.float8_e4m3fn), "e5m2": (torch.uint8, torch.float8_e5m2)}
-KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}  # vLLM's names -> fp8 format
+# vLLM's kv_cache_dtype strings -> fp8 format (None: entries copied as they are): every string its
+# get_fp8_kv_cache_data_type (csrc/attention/dtype_fp8.cuh) accepts, with its meaning; its
+# DISPATCH_BY_KV_CACHE_DTYPE refuses any other in gather_and_maybe_dequant_cache.
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": None, "float16": None,
+                   "fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_ds_mla": "e4m3", "fp8_e5m2": "e5m2"}
 _is_compiling = torch.compiler.is_compiling
 _POINTERS = spec.PARAMS.pointer_names
 # What both ops write and read, in _extents' order: the one list the full checks (plan_gather),
@@ -361,8 +365,9 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
 
     The mapping of cp_gather_cache over ``cu_seq_lens.size(0) - 1`` requests and the first
     ``num_tokens`` rows of ``dst`` (``num_tokens <= dst.size(0)``). ``kv_cache_dtype``
-    ``"auto"``: entries copied as they are (``src_cache`` and ``dst`` of one dtype: bf16, fp16
-    or fp32); ``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``: ``src_cache`` holds fp8 codes
+    ``"auto"`` (or ``"bfloat16"`` / ``"float16"``, as vLLM reads them): entries copied as they
+    are (``src_cache`` and ``dst`` of one dtype: bf16, fp16 or fp32); ``"fp8"`` /
+    ``"fp8_e4m3"`` / ``"fp8_ds_mla"`` (e4m3, as vLLM) / ``"fp8_e5m2"``: ``src_cache`` holds fp8 codes
     (uint8, or the matching float8 dtype) and each value becomes ``float(code) * scale``
     (``scale``: one float32 on the device, one fp32 multiply) rounded to nearest even in
     ``dst``'s dtype (bf16, fp16, fp32), NaN as the GPU's canonical NaN: vLLM's kernel's bits.

@@ -86,7 +86,11 @@ _SNIPPET = """
         for label, kw, fmt in (("fp8 -> bf16, seq_starts", dict(conversion="e4m3_bf16", seq_starts=True), "fp8"),
                                ("fp8_e4m3 -> fp32", dict(conversion="e4m3_f32"), "fp8_e4m3"),
                                ("fp8_e5m2 -> fp16", dict(conversion="e5m2_f16", seq_starts=True), "fp8_e5m2"),
-                               ("auto bf16", dict(src_dtype=torch.bfloat16, seq_starts=True), "auto")):
+                               ("auto bf16", dict(src_dtype=torch.bfloat16, seq_starts=True), "auto"),
+                               # vLLM's other names (get_fp8_kv_cache_data_type): copies, and e4m3
+                               ("bfloat16 bf16", dict(src_dtype=torch.bfloat16), "bfloat16"),
+                               ("float16 fp16", dict(src_dtype=torch.float16, seq_starts=True), "float16"),
+                               ("fp8_ds_mla -> bf16", dict(conversion="e4m3_bf16"), "fp8_ds_mla")):
             case = make_case(rng, lens=[33, 0, 90, 7], block_size=16, extra_rows=6, device=DEVICE, **kw)
             case = dataclasses.replace(case, num_rows=case.num_rows - 10)  # num_tokens below dst.size(0)
             n = len(calls)
@@ -112,5 +116,6 @@ def expected(schema_set: str) -> dict:
     """What the scenario prints when the adapter does its job."""
     cp = {"cp fp8 entries, seq_starts, spare rows": True, "cp bf16 entries": True, "cp rows cut": True}
     dequant = {"dequant fp8 -> bf16, seq_starts": True, "dequant fp8_e4m3 -> fp32": True,
-               "dequant fp8_e5m2 -> fp16": True, "dequant auto bf16": True, "fp8_inc to vllm": True}
+               "dequant fp8_e5m2 -> fp16": True, "dequant auto bf16": True, "dequant bfloat16 bf16": True,
+               "dequant float16 fp16": True, "dequant fp8_ds_mla -> bf16": True, "fp8_inc to vllm": True}
     return cp | dequant if schema_set == "0.33" else cp

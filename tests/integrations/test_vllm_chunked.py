@@ -18,7 +18,8 @@ OWN_SCHEMAS = """
     torch.ops._C_cache_ops.cp_gather_cache(*case.cp_args())
     out["cp_gather_cache"] = torch.equal(case.dst_store, reference(case))
     for fmt, kw in (("fp8", dict(conversion="e4m3_bf16")), ("fp8_e5m2", dict(conversion="e5m2_f32")),
-                    ("auto", dict(src_dtype=torch.float16))):
+                    ("auto", dict(src_dtype=torch.float16)), ("bfloat16", dict(src_dtype=torch.bfloat16)),
+                    ("float16", dict(src_dtype=torch.float16)), ("fp8_ds_mla", dict(conversion="e4m3_f16"))):
         case = make_case(rng, lens=[50, 3, 0, 41], block_size=64, seq_starts=True, extra_rows=9, **kw)
         case = dataclasses.replace(case, num_rows=case.num_rows - 12)
         torch.ops._C_cache_ops.gather_and_maybe_dequant_cache(*case.dequant_args(fmt))
@@ -51,6 +52,8 @@ def test_register_without_vllm_defines_both_schemas_and_routes_to_our_ops():
     got = run(OWN_SCHEMAS)
     assert got["schemas"] == "nvrtc_gather" and got["ops"][-2:] == ["cp_gather_cache", "gather_and_maybe_dequant_cache"]
     assert got["cp_gather_cache"] and got["dequant fp8"] and got["dequant fp8_e5m2"] and got["dequant auto"], got
+    # vLLM's other strings, with its meaning: served here, not an error for want of vLLM's kernel
+    assert got["dequant bfloat16"] and got["dequant float16"] and got["dequant fp8_ds_mla"], got
     assert got["fake"] and got["unknown unchanged"], got
     assert got["unknown"] == ("nvrtc_gather's gather_and_maybe_dequant_cache does not serve calls with "
                               "kv_cache_dtype='int8_per_token_head', and vLLM's own kernel is not available here; "

@@ -35,13 +35,14 @@ def test_enable_variable_refuses_other_values_naming_it(monkeypatch, value):
 @pytest.mark.parametrize("value, ops", [("gather", (GATHER,)), ("quant", (QUANT,)), (" quant , gather", (GATHER, QUANT)),
                                         (GATHER, (GATHER,)), ("GATHER,gather", (GATHER,)),
                                         ("dequant_gather,cp_gather", (CP_GATHER, DEQUANT_GATHER)),
-                                        (DEQUANT_GATHER, (DEQUANT_GATHER,))])
+                                        (DEQUANT_GATHER, (DEQUANT_GATHER,)),
+                                        ("", activation.ALL_OPS), ("  ", activation.ALL_OPS)])  # empty: as unset
 def test_ops_variable_selects_ops(monkeypatch, value, ops):
     monkeypatch.setenv("NVRTC_GATHER_VLLM_OPS", value)
     assert activation.vllm_ops() == ops
 
 
-@pytest.mark.parametrize("value", ["", "gather,", "scatter", "gather;quant"])
+@pytest.mark.parametrize("value", [",", "gather,", "scatter", "gather;quant"])
 def test_ops_variable_refuses_unknown_names(monkeypatch, value):
     monkeypatch.setenv("NVRTC_GATHER_VLLM_OPS", value)
     with pytest.raises(ValueError, match="NVRTC_GATHER_VLLM_OPS=.*expected a comma-separated list of gather"):
@@ -94,13 +95,21 @@ def test_plugin_replaces_both_ops_by_default_and_says_so_in_vllms_log():
             "now run nvrtc_gather's kernels") in got["log"], got["log"]
 
 
-@pytest.mark.parametrize("value", ["0", "off", ""])
-def test_plugin_switched_off_leaves_vllms_kernels_and_says_so(value):
+@pytest.mark.parametrize("value, said", [("0", "NVRTC_GATHER_VLLM=0"), ("off", "NVRTC_GATHER_VLLM=off"),
+                                         (" No", "NVRTC_GATHER_VLLM= No"), ("", "NVRTC_GATHER_VLLM='' (empty)")])
+def test_plugin_switched_off_leaves_vllms_kernels_and_names_the_value_given(value, said):
     got = run(PLUGIN, NVRTC_GATHER_VLLM=value)
     assert got["error"] is None and not got["gather"] and not got["quant"]
-    assert got["status"]["registered"] is False and got["status"]["disabled_by"] == "NVRTC_GATHER_VLLM=0"
+    assert got["status"]["registered"] is False and got["status"]["disabled_by"] == said
     assert got["status"]["preload"] == "not installed"
-    assert "vLLM plugin loaded but off (NVRTC_GATHER_VLLM=0)" in got["log"]
+    assert f"vLLM plugin loaded but off ({said})" in got["log"]
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_ops_list_means_all_six(value):
+    got = run(PLUGIN, NVRTC_GATHER_VLLM_OPS=value)
+    assert got["error"] is None, got["error"]
+    assert got["status"]["ops"] == [GATHER, QUANT, MLA_WRITE, MLA_GATHER, CP_GATHER, DEQUANT_GATHER]
 
 
 def test_plugin_with_a_bad_switch_raises_naming_the_variable():

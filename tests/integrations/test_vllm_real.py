@@ -143,8 +143,8 @@ def test_vllm_plugins_is_honoured_exactly_as_vllm_parses_it(vllm_dir, plugins, l
 
 def test_switched_off_under_vllm_leaves_vllms_ops_and_says_so(vllm_dir):
     got, log = _load(NVRTC_GATHER_VLLM="off")
-    assert got["status"]["registered"] is False and got["status"]["disabled_by"] == "NVRTC_GATHER_VLLM=0"
-    assert "nvrtc_gather: vLLM plugin loaded but off (NVRTC_GATHER_VLLM=0)" in log, log[-3000:]
+    assert got["status"]["registered"] is False and got["status"]["disabled_by"] == "NVRTC_GATHER_VLLM=off"
+    assert "nvrtc_gather: vLLM plugin loaded but off (NVRTC_GATHER_VLLM=off)" in log, log[-3000:]
 
 
 def test_only_the_gather_under_vllm(vllm_dir):

@@ -127,7 +127,7 @@ def test_cp_gather_cache_dtype_and_width():
 
 def test_dequant_scalar_arguments():
     for name, bad, exc, match in (
-            ("kv_cache_dtype", "fp8_e4m3fn", ValueError, "kv_cache_dtype: expected one of 'auto', 'fp8'"),
+            ("kv_cache_dtype", "fp8_e4m3fn", ValueError, "kv_cache_dtype: expected one of 'auto', 'bfloat16'"),
             ("kv_cache_dtype", 8, TypeError, "kv_cache_dtype: expected a str"),
             ("num_tokens", 15, ValueError, r"num_tokens: must be in \[0, dst.size\(0\) = 14\]"),
             ("num_tokens", -1, ValueError, "num_tokens: must be in"),

@@ -50,6 +50,22 @@ def test_auto_copies_the_values(dtype):
     _check(make_case(rng, lens=[3, 0, 17, 9], src_dtype=dtype, seq_starts=True, extra_rows=2), op="dequant")
 
 
+# vLLM's get_fp8_kv_cache_data_type (csrc/attention/dtype_fp8.cuh): "bfloat16" and "float16" are
+# "auto", "fp8_ds_mla" is e4m3; its gather_and_maybe_dequant_cache accepts these seven strings.
+@pytest.mark.parametrize("name, conversion, src_dtype", [
+    ("bfloat16", "copy", torch.bfloat16), ("float16", "copy", torch.float16), ("bfloat16", "copy", torch.float32),
+    ("fp8_ds_mla", "e4m3_bf16", torch.uint8), ("fp8_ds_mla", "e4m3_f32", torch.uint8)])
+def test_every_kv_cache_dtype_vllm_accepts_with_its_meaning(name, conversion, src_dtype):
+    case = make_case(random.Random(11), lens=[9, 0, 30], block_size=16, seq_starts=True, extra_rows=3,
+                     conversion=conversion, src_dtype=src_dtype)
+    want = reference(case)
+    ng.gather_and_maybe_dequant_cache(*case.dequant_args(name))
+    assert torch.equal(case.dst_store, want), (name, case.desc)
+    ng.gather_and_maybe_dequant_cache(*case.dequant_args(name))  # the layout memo's second call: the same
+    torch.ops.nvrtc_gather.gather_and_maybe_dequant_cache(*case.dequant_args(name))
+    assert torch.equal(case.dst_store, want), (name, case.desc)
+
+
 def test_many_requests():
     rng = random.Random("many")
     for batch in (1, 100, 4096):
