@@ -69,7 +69,7 @@ def test_bad_indices_give_zero_rows_and_debug_mode_raises(monkeypatch):
     out = sg.dequantize_k_cache_paged_dsv4(cache, ids, 16)
     assert not out[[1, 2, 4]].view(torch.int16).any() and out[[0, 3]].view(torch.int16).any()
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
-    with pytest.raises(ValueError, match="page_table_1_flattened: row 1 has token id -1"):
+    with pytest.raises(ValueError, match=r"page_table_1_flattened: row [124] has token id (-1|64|1099511627776), outside"):
         sg.dequantize_k_cache_paged_dsv4(cache, ids, 16)
 
 
