@@ -19,12 +19,29 @@ import torch
 from .. import settings
 from ..jit import runtime
 from ..kernels import dsv4_gather as spec
-from . import checks
+from . import checks, fake_checks, library
 from .dsv4_gather_torch import flat_torch, paged_torch
 
 _U8, _FP8, _BF16, _I32, _I64 = torch.uint8, torch.float8_e4m3fn, torch.bfloat16, torch.int32, torch.int64
 _CACHE_DTYPES = (_U8, _FP8)
 _C_TYPES = {_I32: "i32", _I64: "i64"}
+_is_compiling = torch.compiler.is_compiling
+# What each form writes and reads: the eager overlap check and the fake take their names from it.
+FLAT_WRITES, FLAT_READS = ("out",), ("quant_k_cache", "page_table_1_flattened")
+PAGED_WRITES, PAGED_READS = ("out",), ("k_cache", "seq_lens", "gather_lens", "block_table")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, past the last byte) of a strided tensor (empty: nothing)."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    return lo, lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _apart(writes: tuple, reads: tuple, named: dict) -> None:
+    """A given ``out`` overlapping what the call reads: ValueError naming both (a race on the GPU)."""
+    checks.disjoint({n: _span(named[n]) for n in writes}, {n: _span(named[n]) for n in reads if named[n] is not None})
 
 
 class CacheLayout(NamedTuple):
@@ -107,6 +124,16 @@ def _aligned16(name: str, ptr: int) -> None:
 # -- SGLang's forms --------------------------------------------------------------------------------
 
 def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
+    if _is_compiling():  # inside torch.compile: the registered op (out allocated in the graph)
+        if out is None and isinstance(ids, torch.Tensor) and isinstance(cache, torch.Tensor):
+            out = torch.empty(ids.size(0) + extra_rows, 1, spec.ROW_VALUES, dtype=_FP8 if fp8_out else _BF16,
+                              device=cache.device)
+        torch.ops.nvrtc_gather.dsv4_gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
+        return out
+    return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
+
+
+def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
     """SGLang's ``dequantize_k_cache_paged_dsv4`` (bf16, ``extra_rows`` 0) and
     ``gather_dequant_requant_fp8_paged_dsv4`` (fp8): row r < n of ``out`` ``[n + extra_rows, 1,
     512]`` from token id ``ids[r]``, rows n .. n + extra_rows - 1 zero; ``out`` allocated with
@@ -122,9 +149,11 @@ def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool)
     n = ids.size(0)
     rows = n + extra_rows
     dtype = _FP8 if fp8_out else _BF16
-    if out is None:
+    if out is None:  # fresh: apart from everything
         out = torch.empty(rows, 1, spec.ROW_VALUES, dtype=dtype, device=cache.device)
+        given = False
     else:
+        given = True
         checks.tensor("out", out)
         if out.dtype != dtype or tuple(out.shape) != (rows, 1, spec.ROW_VALUES):
             raise ValueError(f"out: expected {dtype} of shape ({rows}, 1, {spec.ROW_VALUES}), got {out.dtype} "
@@ -133,6 +162,8 @@ def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool)
             checks.unit_inner_stride("out", out)
     if ids.device != cache.device or out.device != cache.device:
         checks.same_device({"quant_k_cache": cache, "page_table_1_flattened": ids, "out": out})
+    if given and rows:
+        _apart(FLAT_WRITES, FLAT_READS, {"out": out, "quant_k_cache": cache, "page_table_1_flattened": ids})
     if layout.device < 0:
         settings.debug_enabled()
         flat_torch(cache, ids, layout.page_size, out, n, fp8_out)
@@ -159,8 +190,13 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
     ``k_cache``: uint8 ``[num_blocks, block_size, 584]``, a block's records then its scale rows,
     the block stride padded as vLLM allocates it. One launch on CUDA tensors, no host sync;
     rows with bad indices are skipped (NVRTC_GATHER_DEBUG=1 raises); CPU tensors: ValueError."""
+    if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
+        return torch.ops.nvrtc_gather.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table,
+                                                                    block_size, offset)
     layout = _remembered(k_cache, block_size, "k_cache", True)
     _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache)
+    _apart(PAGED_WRITES, PAGED_READS, {"out": out, "k_cache": k_cache, "seq_lens": seq_lens,
+                                       "gather_lens": gather_lens, "block_table": block_table})
     reqs, m = out.size(0), out.size(1)
     if layout.device < 0:
         settings.debug_enabled()
@@ -216,3 +252,31 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
     for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",
                                                                           block_table.size(1))):
         checks.fits_int32(name, what, value)
+
+
+# -- torch.ops.nvrtc_gather (torch.compile, CUDA graphs) ------------------------------------------------
+
+def _flat_op(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out) -> None:
+    _gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out)
+
+
+def _flat_fake(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out) -> None:
+    checks.tensor("quant_k_cache", quant_k_cache)
+    checks.tensor("page_table_1_flattened", page_table_1_flattened)
+    checks.tensor("out", out)
+    fake_checks.check(FLAT_WRITES, FLAT_READS, dict(out=out, quant_k_cache=quant_k_cache,
+                                                    page_table_1_flattened=page_table_1_flattened))
+
+
+def _paged_fake(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset) -> None:
+    checks.tensor("k_cache", k_cache)
+    _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache)
+    fake_checks.check(PAGED_WRITES, PAGED_READS, dict(out=out, k_cache=k_cache, seq_lens=seq_lens,
+                                                      gather_lens=gather_lens, block_table=block_table))
+
+
+library.register("dsv4_gather_flat(Tensor quant_k_cache, Tensor page_table_1_flattened, int page_size, "
+                 "Tensor(a!) out, int extra_rows, bool fp8_out) -> ()", _flat_op, _flat_fake)
+library.register("dequantize_and_gather_k_cache(Tensor(a!) out, Tensor k_cache, Tensor seq_lens, "
+                 "Tensor? gather_lens, Tensor block_table, int block_size, int offset) -> ()",
+                 dequantize_and_gather_k_cache, _paged_fake)

@@ -82,3 +82,33 @@ def test_argument_errors_name_the_argument(call, error, match):
     cache = ref.build_cache("v4", 3, 16, seed=2)
     with pytest.raises(error, match=match):
         call(cache, torch.tensor([1, 2, 3, 4]))
+
+
+def test_registered_ops_trace_and_run_under_compile():
+    torch._dynamo.reset()
+    cache = ref.build_cache("v4", 5, 16, seed=4)
+    ids = ref.random_token_ids(5, 16, 30, seed=4)
+    k_cache = ref.vllm_view(cache, 16)
+    bt = ref.random_requests(5, 16, [20, 9], seed=4)
+    sl = torch.tensor([20, 9], dtype=torch.int32)
+
+    def both(cache, ids, k_cache, sl, bt, out):
+        flat = sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 16, 2)
+        ng.dequantize_and_gather_k_cache(out, k_cache, sl, None, bt, 16, 1)
+        return flat
+
+    out = torch.zeros(2, 21, 512, dtype=torch.bfloat16)
+    got = torch.compile(both, fullgraph=True, backend="aot_eager")(cache, ids, k_cache, sl, bt, out)
+    assert torch.equal(got.view(torch.uint8), ref.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 16, 2).view(torch.uint8))
+    want = torch.zeros(2, 21, 512, dtype=torch.bfloat16)
+    ref.dequantize_and_gather_k_cache(want, k_cache, sl, None, bt, 16, 1)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    torch.library.opcheck(torch.ops.nvrtc_gather.dequantize_and_gather_k_cache.default,
+                          (torch.zeros(2, 21, 512, dtype=torch.bfloat16), k_cache, sl, None, bt, 16, 1))
+
+
+def test_an_out_overlapping_the_cache_is_refused():
+    cache = ref.build_cache("v4", 4, 16, seed=5)
+    out = cache.view(-1)[:4 * 1024].view(torch.bfloat16).view(4, 1, 512)
+    with pytest.raises(ValueError, match="out: its memory overlaps quant_k_cache"):
+        sg.dequantize_k_cache_paged_dsv4(cache, torch.tensor([0, 1, 2, 3]), 16, out=out)
