@@ -26,8 +26,18 @@
 #define NG_V4_RECORD 576          // data bytes of a token
 #define NG_V4_SCALES 8            // scale bytes of a token
 #define NG_V4_TOKENS_PER_PASS (NG_THREADS / 64)
-#define NG_V4_PASSES 4
+#ifndef NG_V4_PASSES
+#error "NG_V4_PASSES (passes of four tokens per block) is set by the spec (kernels/dsv4_gather.py)"
+#endif
 #define NG_V4_ROWS (NG_V4_TOKENS_PER_PASS * NG_V4_PASSES)
+#ifndef NG_V4_RAW
+#define NG_V4_RAW 0  // experiments only: store the loaded bytes unconverted (the access pattern's ceiling)
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !NG_SOFT_FP8 && !defined(NG_V4_NO_F16)
+#define NG_V4_F16 1
+#else
+#define NG_V4_F16 0
+#endif
 
 // One thread's source bytes of a token: 16 of RoPE, or 8 of NoPE (in v.x, v.y) and their scale byte.
 __device__ __forceinline__ void load_unit(const DsV4GatherParams& p, int page, int slot, int g, uint4& v, u32& scale) {
@@ -54,9 +64,38 @@ __device__ __forceinline__ void nope4(u32 c, float scale, float* f) {
     for (int i = 0; i < 4; ++i) f[i] = __fmul_rn(f[i], scale);
 }
 
+#if NG_V4_F16
+// Four NoPE values to e4m3 through f16: e4m3 -> f16 is exact, and so is the product by 2^(s - 127)
+// for s in [113, 142] (an f16 normal): a 4-bit significand times a power of two is an f16 value,
+// or so small that e4m3 rounds it to +-0 either way, and an f16 overflow to inf saturates to +-448
+// as the f32 product does; so the bytes are the f32 path's, in half the instructions.
+__device__ __forceinline__ u32 nope4_fp8_f16(u32 c, u32 s) {
+    const u32 scale = ((s - 112u) << 10) * 0x10001u;  // f16x2 of 2^(s - 127), both halves
+    u32 lo, hi;
+    unsigned short a, b;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"((unsigned short)(c & 0xffffu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"((unsigned short)(c >> 16)));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(scale));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(scale));
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(a) : "r"(lo));
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(b) : "r"(hi));
+    return (u32)a | ((u32)b << 16);
+}
+#endif
+
 template <bool FP8_OUT>
 __device__ __forceinline__ void store_unit(u8* dst, const uint4& v, u32 scale, int g) {
     float f[8];
+    if (NG_V4_RAW) {
+        if (FP8_OUT) *reinterpret_cast<uint2*>(dst) = make_uint2(v.x, v.y); else *reinterpret_cast<uint4*>(dst) = v;
+        return;
+    }
+#if NG_V4_F16
+    if (FP8_OUT && g < 56 && scale - 113u <= 29u) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(nope4_fp8_f16(v.x, scale), nope4_fp8_f16(v.y, scale));
+        return;
+    }
+#endif
     if (g < 56) {
         const float s = ue8m0(scale);
         nope4(v.x, s, f);

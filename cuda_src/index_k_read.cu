@@ -12,6 +12,11 @@
 //     (page, token in page) in shared memory (page -1: a zero row). The scan stops once
 //     it has passed the block's last row: early blocks read few lengths.
 //  2. copy_tile (tile_copy.cuh) copies the values and scales, zeros for parked -1 rows.
+// Page ids are fetched alongside the first lengths where the row's request can be guessed, so
+// a small call's bytes are two DRAM round trips away instead of three: with one request each
+// row's own column (its rows start at 0); with up to WINDOW_REQS requests a window of the first
+// W = NG_THREADS / 2^ceil(log2(batch)) columns of every request (thread t: request t / W,
+// column t % W), kept in shared memory; a row past its window loads its page id after the scan.
 // Index values are untrusted: a length that is negative or past INT32_MAX counts as 0 (and is
 // reported in debug mode), a page id outside [0, num_pages) or a column past max_pages leaves
 // the row zero; no value leads outside the cache or the page table.
@@ -21,6 +26,21 @@
 template <typename T>
 __device__ __forceinline__ i64 load_index(const u8* base, i64 i) {
     return (i64)__ldg(reinterpret_cast<const T*>(base) + i);
+}
+
+// The same load issued here, in program order (not sunk past the scan's barriers: ng_ldg_now).
+template <typename T> __device__ __forceinline__ i64 load_index_now(const u8* base, i64 i);
+template <> __device__ __forceinline__ i64 load_index_now<i32>(const u8* base, i64 i) {
+    return ng_ldg_now(reinterpret_cast<const i32*>(base) + i);
+}
+template <> __device__ __forceinline__ i64 load_index_now<i64>(const u8* base, i64 i) {
+#ifdef __CUDA_ARCH__
+    i64 v;
+    asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(reinterpret_cast<const i64*>(base) + i));
+    return v;
+#else
+    return __ldg(reinterpret_cast<const i64*>(base) + i);
+#endif
 }
 
 // Inclusive prefix sum over the block of each thread's v (<= INT32_MAX each), saturating at
@@ -43,11 +63,19 @@ __device__ __forceinline__ u32 block_prefix_sat(u32 v, u32* s_warp, u32* total) 
     return min(v + before, cap);
 }
 
+#define WINDOW_REQS 64  // W >= 4 columns
+
+// A page id as the row's location needs it: the id where it is in [0, num_pages), else -1.
+__device__ __forceinline__ int valid_page(i64 page, int num_pages) {
+    return page >= 0 && page < num_pages ? (int)page : -1;
+}
+
 template <int KVEC, int UNROLL, typename LT, typename PT>
 __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row; page -1 = a zero row
     __shared__ u32 s_inc[NG_THREADS];   // the chunk's inclusive prefix sums (rows before included)
     __shared__ u32 s_warp[NG_THREADS / 32];
+    __shared__ int s_win[NG_THREADS];   // the window of page ids (valid_page), with <= WINDOW_REQS requests
 
     const int tid = threadIdx.x;
     const int tpc = (int)p.tokens_per_cta;
@@ -59,6 +87,19 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     // Debug mode: block 0 reads every length (and reports the bad ones and a short num_rows).
     const bool read_all = p.error != 0 && blockIdx.x == 0;
     if (tid < n) s_loc[tid] = make_int2(-1, 0);
+    // The guesses (see the top): issued before the first lengths are summed.
+    int wlog = -1;  // log2(W), -1 without a window
+    i64 guess = -1;  // one request: this row's page id
+    if (p.batch == 1) {
+        const u32 j0 = tid < n ? (u32)by_page(row) : 0xffffffffu;
+        if (j0 < (u32)p.max_pages) guess = load_index_now<PT>(p.page_table, (i64)j0 * p.pt_col_stride);
+    } else if (p.batch <= WINDOW_REQS) {
+        wlog = __ffs(NG_THREADS) - 1 - (32 - __clz(p.batch - 1));  // NG_THREADS / 2^ceil(log2(batch))
+        const int k = tid >> wlog, c = tid & ((1 << wlog) - 1);
+        s_win[tid] = k < p.batch && c < p.max_pages
+            ? valid_page(load_index_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride),
+                         p.num_pages) : -1;
+    }
 
     u32 carry = 0;  // rows of the requests before the chunk, saturated
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += NG_THREADS) {
@@ -89,11 +130,15 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
             const int rq = (int)(c0 + lo);
             const u32 j = (u32)by_page((int)pos);
             if (j < (u32)p.max_pages) {
-                const i64 page = load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
+                const i64 page = p.batch == 1 ? guess  // rq 0, start 0: j is the guessed column
+                    : wlog >= 0 && j < (1u << wlog) ? (i64)s_win[(rq << wlog) + j]
+                    : load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
                 if (page >= 0 && page < p.num_pages) {
                     s_loc[tid] = make_int2((int)page, (int)(pos - j * (u32)p.page_size));
                 } else {
-                    ng_report(p.error, NG_ERR_PAGE_ID, row, rq, page);
+                    ng_report(p.error, NG_ERR_PAGE_ID, row, rq,
+                              wlog >= 0 && j < (1u << wlog) ? load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride +
+                                                                                  (i64)j * p.pt_col_stride) : page);
                 }
             } else {
                 ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);

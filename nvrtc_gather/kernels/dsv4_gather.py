@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..jit.spec import Entry, KernelModule, ParamStruct, register
 
 THREADS = 256
-ROWS_PER_CTA = THREADS // 64 * 4  # 64 threads a token, four passes (NG_V4_ROWS)
+PASSES = 4                        # passes of THREADS / 64 tokens per block (-DNG_V4_PASSES)
+ROWS_PER_CTA = THREADS // 64 * PASSES  # 64 threads a token (NG_V4_ROWS)
 RECORD_BYTES = 584                # 448 fp8 NoPE + 64 bf16 RoPE + 7 UE8M0 scales + 1 pad
 DATA_BYTES, SCALE_BYTES = 576, 8  # a page: every token's data, then every token's scales
 ROW_VALUES = 512                  # values of an output row
@@ -31,10 +32,10 @@ FLAT_MODULE = KernelModule(
     name="dsv4_flat", source="dsv4_gather.cu",
     entries=tuple(Entry(flat_entry(f, it), f"dsv4_flat_body<{it}, {'true' if f else 'false'}>")
                   for f in (False, True) for it in ("i32", "i64")),
-    params=PARAMS, label="dsv4 record gather (SGLang)", threads=THREADS)
+    params=PARAMS, label="dsv4 record gather (SGLang)", threads=THREADS, options=(f"-DNG_V4_PASSES={PASSES}",))
 PAGED_MODULE = KernelModule(
     name="dsv4_paged", source="dsv4_gather.cu", entries=(Entry(PAGED_ENTRY, "dsv4_paged_body"),),
-    params=PARAMS, label="dequantize_and_gather_k_cache", threads=THREADS)
+    params=PARAMS, label="dequantize_and_gather_k_cache", threads=THREADS, options=(f"-DNG_V4_PASSES={PASSES}",))
 register(FLAT_MODULE, PAGED_MODULE)
 
 
