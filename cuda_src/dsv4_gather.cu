@@ -173,6 +173,7 @@ __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
     const i64 seq = __ldg(reinterpret_cast<const i32*>(p.seq_lens) + r);
     const i64 len = p.gather_lens ? (i64)__ldg(reinterpret_cast<const i32*>(p.gather_lens) + r) : seq;
     if (i0 >= len) return;  // the whole block: past this request's rows (or len <= 0)
+    const FastDiv by_block(p.page_size);
     uint4 v[NG_V4_PASSES];
     u32 sc[NG_V4_PASSES];
     bool ok[NG_V4_PASSES];
@@ -190,7 +191,7 @@ __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
             if (g == 0) ng_report(p.error, NG_ERR_OUT_ROWS, r, p.offset + i, p.rows);
             continue;
         }
-        const i64 j = pos / p.page_size;  // pos < 2^31: seq is an int32
+        const int j = by_block((int)pos);  // 0 <= pos < seq <= INT32_MAX
         if (j >= p.max_blocks) {
             if (g == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, i, r, j);
             continue;
