@@ -17,6 +17,8 @@ DEBUG_ENV = "NVRTC_GATHER_DEBUG"
 DISABLE_JIT_ENV = "NVRTC_GATHER_DISABLE_JIT"
 VLLM_ENV = "NVRTC_GATHER_VLLM"
 VLLM_OPS_ENV = "NVRTC_GATHER_VLLM_OPS"
+SGLANG_ENV = "NVRTC_GATHER_SGLANG"
+SGLANG_OPS_ENV = "NVRTC_GATHER_SGLANG_OPS"
 
 # Every variable the package reads, with what it does (``nvrtc-gather info`` lists them).
 VARIABLES = {
@@ -27,9 +29,11 @@ VARIABLES = {
     VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's cache ops (integrations/vllm.py)",
     VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces, comma-separated: gather, quant, mla_write, mla_gather, "
                   "cp_gather, dequant_gather (unset or empty: all six)",
+    SGLANG_ENV: "boolean, default on: the SGLang plugin hooks SGLang's index-K accessor (integrations/sglang_plugin.py)",
+    SGLANG_OPS_ENV: "which of SGLang's accessor methods the plugin hooks, comma-separated: get, set (empty or unset: all)",
 }
-BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV, VLLM_ENV)
-_DEFAULT_ON = (VLLM_ENV,)
+BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV, VLLM_ENV, SGLANG_ENV)
+_DEFAULT_ON = (VLLM_ENV, SGLANG_ENV)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})

@@ -17,13 +17,16 @@ cd "$(dirname "$0")/.."
 RELEASES=${SGLANG_RELEASES:-"0.5.15 0.5.20 0.5.23"}
 SGLANG_IMPORT_DEPS="numpy orjson psutil pybase64 requests urllib3 idna certifi charset-normalizer triton packaging
   pillow starlette anyio sniffio msgspec pydantic pydantic-core typing-inspection annotated-types pyzmq tqdm ipython
-  traitlets pygments aiohttp multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist apache-tvm-ffi"
+  traitlets pygments aiohttp multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist apache-tvm-ffi
+  huggingface-hub==1.33.0"
+# huggingface-hub: SGLang's configure_logger, which the plugin's test runs as a scheduler does,
+# imports huggingface_hub.utils (0.5.23; the older releases' transformers needs it anyway).
 # 0.5.15 and 0.5.20 import more at module level on the accessor's chain (sglang/__init__ ->
 # transformers with the versions they pin, torchvision.io.decode_jpeg). No CPU build of
 # torchvision for torch 2.13 is served to CI (PyPI's needs CUDA torch), so those environments get
 # tests/helpers/torchvision_standin: the few torchvision names imported at module level, nothing
 # the accessor runs.
-OLDER_IMPORT_DEPS="transformers==5.12.1 tokenizers==0.22.2 huggingface-hub==1.33.0 safetensors sentencepiece regex pyyaml
+OLDER_IMPORT_DEPS="transformers==5.12.1 tokenizers==0.22.2 safetensors sentencepiece regex pyyaml
   httpx httpcore h11 httpx2 httpcore2 truststore dill openai partial-json-parser einops compressed-tensors loguru gguf"
 if [ -n "${MATRIX_DIR:-}" ]; then WORK=$MATRIX_DIR; mkdir -p "$WORK"; else WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT; fi
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -53,7 +56,8 @@ for v in $RELEASES; do
         continue
     fi
     NVRTC_GATHER_REQUIRE_SGLANG=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-        tests/integrations/test_sglang_real.py tests/integrations/test_sglang_hook.py tests/integrations/test_sglang.py \
+        tests/integrations/test_sglang_real.py tests/integrations/test_sglang_plugin_real.py \
+        tests/integrations/test_sglang_hook.py tests/integrations/test_sglang.py tests/integrations/test_sglang_plugin.py \
         > "$log.pytest" 2>&1
     rc=$?
     [ $rc -eq 0 ] || tail -40 "$log.pytest"

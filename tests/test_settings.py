@@ -28,9 +28,10 @@ def test_boolean_spellings(value, expected):
 @pytest.mark.parametrize("value", ["2", "y", "enable", "1;", "tru"])
 def test_a_boolean_it_does_not_understand_is_an_error_naming_the_variable(name, value, monkeypatch):
     monkeypatch.setenv(name, value)
-    from nvrtc_gather.integrations import activation
+    from nvrtc_gather.integrations import activation, sglang_activation
     reader = {settings.DISABLE_CACHE_ENV: settings.disk_cache_enabled, settings.DISABLE_JIT_ENV: settings.jit_disabled,
-              settings.DEBUG_ENV: settings.debug_enabled, settings.VLLM_ENV: activation.vllm_enabled}[name]
+              settings.DEBUG_ENV: settings.debug_enabled, settings.VLLM_ENV: activation.vllm_enabled,
+              settings.SGLANG_ENV: sglang_activation.sglang_enabled}[name]
     with pytest.raises(InvalidSettingError, match=name) as e:
         reader()
     assert isinstance(e.value, ValueError) and repr(value) in str(e.value)

@@ -38,6 +38,7 @@ import torch
 from .. import indexer_k_scatter
 from ..ops import checks, dsv4_gather, index_k_read
 from ..ops import indexer_k_scatter as indexer_k_scatter_op
+from . import sglang_activation, sglang_log
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +61,20 @@ _lock = threading.RLock()  # register() records what it leaves to SGLang while h
 _state = {"module": None, "hooked": {}, "left": {}}  # what status() reports
 
 
-def register() -> tuple[str, ...]:
+def register(ops=None) -> tuple[str, ...]:
     """Route SGLang's ``GetKAndS.execute`` and ``SetKAndS.execute`` to nvrtc_gather for fp8
     (uint8) index buffers in the paged layout, in the newest accessor module this SGLang has;
     returns its name (an empty tuple when SGLang's own aiter "preshuffle" layout is in use:
-    nothing is hooked then, and status() says so). Idempotent.
+    nothing is hooked then, and status() says so). ``ops``: which methods to hook, short names
+    of ``sglang_activation.OPS`` (``"get"``, ``"set"``), a comma-separated str or an iterable
+    of str; default all. Idempotent; a later call may add ops. Announces once per process what
+    it hooked, in SGLang's log (integrations/sglang_log.py).
 
     Raises ImportError naming the cause: SGLang not installed; SGLang installed but the
     accessor module failing to import (a missing dependency: the original error is chained);
     or no known accessor module in this release (the message names the release and every
-    path tried)."""
+    path tried). TypeError/ValueError naming ``ops`` for anything but those names."""
+    wanted = _wanted_ops(ops)
     name, module = _find_accessor()
     with _lock:
         _state["module"] = name
@@ -78,17 +83,35 @@ def register() -> tuple[str, ...]:
             _leave("SetKAndS.execute", "aiter preshuffle", f"{name} uses aiter's preshuffled page layout (ROCm)")
             return ()
         hooked = []
-        for cls_name, make in (("GetKAndS", _get_hook), ("SetKAndS", _set_hook)):
+        for op in wanted:
+            cls_name, make = _HOOKS[op]
             cls = getattr(module, cls_name, None)
             if cls is None:
                 _leave(f"{cls_name}.execute", "absent", f"{name} has no {cls_name}")
                 continue
-            _patch(cls, make)
-            hooked.append(cls_name)
+            if _TAG not in cls.__dict__:
+                _patch(cls, make)
+                hooked.append(f"{cls_name}.execute")
             _state["hooked"][f"{cls_name}.execute"] = name
-    log.info("nvrtc_gather: SGLang %s: %s in %s now run nvrtc_gather's kernels for fp8 index buffers "
-             "(status() says what stays with SGLang)", _release(), " and ".join(f"{c}.execute" for c in hooked), name)
+        kept = [m for m in sglang_activation.OPS.values() if m not in _state["hooked"]]
+    if hooked:
+        sglang_log.announce(logging.INFO, "SGLang %s: %s in %s now run nvrtc_gather's kernels for fp8 index buffers%s "
+                            "(status() says what stays with SGLang)", _release(), " and ".join(hooked), name,
+                            f"; {', '.join(kept)} left to SGLang" if kept else "")
     return (name,)
+
+
+def _wanted_ops(ops) -> tuple[str, ...]:
+    """register()'s ``ops`` as short names in table order (None: all)."""
+    if ops is None:
+        return sglang_activation.ALL_OPS
+    if not isinstance(ops, str):
+        names = list(ops) if hasattr(ops, "__iter__") else None
+        if names is None or not all(isinstance(o, str) for o in names):
+            raise TypeError(f"ops: expected op names (a str, or an iterable of str: "
+                            f"{', '.join(sglang_activation.OPS)}), got {ops!r}")
+        ops = ",".join(names)
+    return sglang_activation.parse_ops(ops, "ops")
 
 
 def unregister() -> None:
@@ -251,6 +274,10 @@ def _set_hook(sglang_execute):
                                  index_head_dim=pool.index_head_dim,
                                  quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
     return execute
+
+
+# sglang_activation.OPS short name -> (the accessor class, the hook of its execute): one row per op.
+_HOOKS = {"get": ("GetKAndS", _get_hook), "set": ("SetKAndS", _set_hook)}
 
 
 # -- the accessor ------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import textwrap
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/ importable
 REPO = os.path.dirname(TESTS)
 # Variables of the scenario's own making only: the caller's settings would change what it tests.
-_DROP = ("VLLM_PLUGINS", "NVRTC_GATHER_VLLM", "NVRTC_GATHER_VLLM_OPS", "NVRTC_GATHER_DEBUG")
+_DROP = ("VLLM_PLUGINS", "NVRTC_GATHER_VLLM", "NVRTC_GATHER_VLLM_OPS", "NVRTC_GATHER_DEBUG", "SGLANG_PLUGINS",
+         "NVRTC_GATHER_SGLANG", "NVRTC_GATHER_SGLANG_OPS")
 
 
 def run(code: str, *, python: str = sys.executable, path=(), timeout: int = 300, **env) -> dict:

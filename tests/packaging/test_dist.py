@@ -77,6 +77,8 @@ def test_wheel_ships_the_package_and_kernels_only(dists):
     assert "License-Expression: Apache-2.0" in meta and "Classifier: Operating System :: POSIX :: Linux" in meta
     assert "Provides-Extra: cu12" in meta and "Provides-Extra: cu13" in meta
     assert "nvrtc_gather = nvrtc_gather.integrations.vllm:plugin" in meta
+    assert "[sglang.srt.plugins]\nnvrtc_gather = nvrtc_gather.integrations.sglang_plugin:plugin" in meta
+    assert "nvrtc_gather/integrations/sglang_plugin.py" in names
     assert any(n.endswith("licenses/LICENSE") for n in names)
 
 
