@@ -10,11 +10,10 @@
 // Scale byte 0 gives a scale of +0 (2^-127 flushed, as SGLang's and vLLM's kernels do), 255
 // +inf.
 //
-// Work split: 64 threads per token, 16 tokens per block of 256 threads (four passes of four).
-// Thread unit g < 56 converts NoPE values [8g, 8g + 8) (one 8-byte load and its scale byte);
-// g >= 56 carries RoPE values [8g - 448, 8g - 440) (one 16-byte load). Each thread issues the
-// loads of its four tokens before any store. Output element 8g lands at byte 16g (bf16) or
-// 8g (fp8) of the row.
+// Work split: one warp per token, NG_V4_PASSES tokens per warp (all loads issued before any
+// store). Lane l < 28 converts NoPE values [16l, 16l + 16) (one 16-byte load; its scale byte
+// from the token's 8-byte scale row, one broadcast load); lanes 28-31 carry the RoPE values
+// [32(l - 28), +32) bytes (two 16-byte loads). Every access is 16 bytes wide but the scale row.
 // Index values are untrusted: a token id outside [0, num_slots), a block id outside
 // [0, num_pages), a block column past max_blocks, a gather longer than its sequence or a row
 // past out: SGLang's forms write that row as zeros, vLLM's skips it (rows it does not own
@@ -23,13 +22,13 @@
 #include "half_bits.cuh"
 #include "fp8_e4m3.cuh"
 
-#define NG_V4_RECORD 576          // data bytes of a token
-#define NG_V4_SCALES 8            // scale bytes of a token
-#define NG_V4_TOKENS_PER_PASS (NG_THREADS / 64)
+#define NG_V4_RECORD 576  // data bytes of a token
+#define NG_V4_SCALES 8    // scale bytes of a token
+#define NG_V4_WARPS (NG_THREADS / 32)
 #ifndef NG_V4_PASSES
-#error "NG_V4_PASSES (passes of four tokens per block) is set by the spec (kernels/dsv4_gather.py)"
+#error "NG_V4_PASSES (tokens per warp) is set by the spec (kernels/dsv4_gather.py)"
 #endif
-#define NG_V4_ROWS (NG_V4_TOKENS_PER_PASS * NG_V4_PASSES)
+#define NG_V4_ROWS (NG_V4_WARPS * NG_V4_PASSES)
 #ifndef NG_V4_RAW
 #define NG_V4_RAW 0  // experiments only: store the loaded bytes unconverted (the access pattern's ceiling)
 #endif
@@ -39,24 +38,34 @@
 #define NG_V4_F16 0
 #endif
 
-// One thread's source bytes of a token: 16 of RoPE, or 8 of NoPE (in v.x, v.y) and their scale byte.
-__device__ __forceinline__ void load_unit(const DsV4GatherParams& p, int page, int slot, int g, uint4& v, u32& scale) {
+// A lane's source bytes of one token: a = 16 NoPE codes (lane < 28) or the first 16 RoPE bytes,
+// b = the next 16 RoPE bytes; s = the NoPE lane's scale byte.
+struct V4Lane {
+    uint4 a, b;
+};
+
+__device__ __forceinline__ void load_lane(const DsV4GatherParams& p, int page, int slot, int lane, V4Lane& x,
+                                          u32& s) {
     const u8* base = p.cache + (i64)page * p.page_stride;
     const u8* rec = base + (i64)slot * NG_V4_RECORD;
-    if (g < 56) {
-        const uint2 x = __ldg(reinterpret_cast<const uint2*>(rec) + g);
-        v = make_uint4(x.x, x.y, 0u, 0u);
-        scale = __ldg(base + (i64)p.page_size * NG_V4_RECORD + (i64)slot * NG_V4_SCALES + (g >> 3));
+    if (lane < 28) {
+        x.a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
+        const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
+                                                               (i64)slot * NG_V4_SCALES));
+        const int k = lane >> 2;  // 16 values a lane, 64 a scale
+        s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
     } else {
-        v = __ldg(reinterpret_cast<const uint4*>(rec + 448) + (g - 56));
-        scale = 0;
+        const uint4* r = reinterpret_cast<const uint4*>(rec + 448) + 2 * (lane - 28);
+        x.a = __ldg(r);
+        x.b = __ldg(r + 1);
+        s = 0;
     }
 }
 
 // 2^(s - 127) by its bits: s = 0 gives +0, s = 255 gives +inf.
 __device__ __forceinline__ float ue8m0(u32 s) { return __uint_as_float(s << 23); }
 
-// Four NoPE values (codes in c, lowest byte first) times the scale.
+// Four NoPE values (codes in c, lowest byte first) times the scale, as fp32.
 __device__ __forceinline__ void nope4(u32 c, float scale, float* f) {
     ng_float2_from_fp8e4m3x2(c & 0xffffu, f[0], f[1]);
     ng_float2_from_fp8e4m3x2(c >> 16, f[2], f[3]);
@@ -69,88 +78,123 @@ __device__ __forceinline__ void nope4(u32 c, float scale, float* f) {
 // for s in [113, 142] (an f16 normal): a 4-bit significand times a power of two is an f16 value,
 // or so small that e4m3 rounds it to +-0 either way, and an f16 overflow to inf saturates to +-448
 // as the f32 product does; so the bytes are the f32 path's, in half the instructions.
-__device__ __forceinline__ u32 nope4_fp8_f16(u32 c, u32 s) {
-    const u32 scale = ((s - 112u) << 10) * 0x10001u;  // f16x2 of 2^(s - 127), both halves
+__device__ __forceinline__ u32 nope4_fp8_f16(u32 c, u32 scale2) {
     u32 lo, hi;
     unsigned short a, b;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"((unsigned short)(c & 0xffffu)));
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"((unsigned short)(c >> 16)));
-    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(scale));
-    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(scale));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(scale2));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(scale2));
     asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(a) : "r"(lo));
     asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(b) : "r"(hi));
     return (u32)a | ((u32)b << 16);
 }
 #endif
 
+__device__ __forceinline__ u32 fp8x4_of_f32(const float* f) { return ng_fp8e4m3x4_from_f32(f[0], f[1], f[2], f[3]); }
+__device__ __forceinline__ u32 bf16x2_of_f32(const float* f) { return ng_bf16x2_from_float(f[0], f[1]); }
+
+// 16 NoPE codes (x) times 2^(s - 127) into 16 fp8 bytes (FP8_OUT) or 32 bf16 bytes at dst.
 template <bool FP8_OUT>
-__device__ __forceinline__ void store_unit(u8* dst, const uint4& v, u32 scale, int g) {
-    float f[8];
-    if (NG_V4_RAW) {
-        if (FP8_OUT) *reinterpret_cast<uint2*>(dst) = make_uint2(v.x, v.y); else *reinterpret_cast<uint4*>(dst) = v;
-        return;
-    }
+__device__ __forceinline__ void store_nope(u8* dst, const uint4& x, u32 s) {
+    const u32 c[4] = {x.x, x.y, x.z, x.w};
+    if (FP8_OUT) {
 #if NG_V4_F16
-    if (FP8_OUT && g < 56 && scale - 113u <= 29u) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(nope4_fp8_f16(v.x, scale), nope4_fp8_f16(v.y, scale));
-        return;
-    }
+        if (s - 113u <= 29u) {
+            const u32 scale2 = ((s - 112u) << 10) * 0x10001u;  // f16x2 of 2^(s - 127), both halves
+            *reinterpret_cast<uint4*>(dst) = make_uint4(nope4_fp8_f16(c[0], scale2), nope4_fp8_f16(c[1], scale2),
+                                                        nope4_fp8_f16(c[2], scale2), nope4_fp8_f16(c[3], scale2));
+            return;
+        }
 #endif
-    if (g < 56) {
-        const float s = ue8m0(scale);
-        nope4(v.x, s, f);
-        nope4(v.y, s, f + 4);
-    } else if (FP8_OUT) {
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        u32 o[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            f[2 * i] = ng_bf16_to_float(w[i] & 0xffffu);
-            f[2 * i + 1] = ng_bf16_to_float(w[i] >> 16);
+            float f[4];
+            nope4(c[i], ue8m0(s), f);
+            o[i] = fp8x4_of_f32(f);
         }
+        *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
     } else {
-        *reinterpret_cast<uint4*>(dst) = v;  // RoPE bf16, bit for bit
+        u32 o[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float f[4];
+            nope4(c[i], ue8m0(s), f);
+            o[2 * i] = bf16x2_of_f32(f);
+            o[2 * i + 1] = bf16x2_of_f32(f + 2);
+        }
+        *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(dst + 16) = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
+// 8 RoPE bf16 values (x) as 8 fp8 bytes.
+__device__ __forceinline__ uint2 rope_fp8(const uint4& x) {
+    const u32 w[4] = {x.x, x.y, x.z, x.w};
+    float f[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = ng_bf16_to_float(w[i] & 0xffffu);
+        f[2 * i + 1] = ng_bf16_to_float(w[i] >> 16);
+    }
+    return make_uint2(fp8x4_of_f32(f), fp8x4_of_f32(f + 4));
+}
+
+// A lane's share of one output row (dst: the row's first byte).
+template <bool FP8_OUT>
+__device__ __forceinline__ void store_lane(u8* dst, const V4Lane& x, u32 s, int lane) {
+    if (NG_V4_RAW) {  // experiments: the same stores, unconverted
+        if (lane < 28 || !FP8_OUT) {
+            uint4* d = reinterpret_cast<uint4*>(dst + (lane < 28 ? (FP8_OUT ? 16 : 32) * lane : 896 + 32 * (lane - 28)));
+            d[0] = x.a;
+            if (!FP8_OUT) d[1] = lane < 28 ? x.a : x.b;
+        } else {
+            *reinterpret_cast<uint4*>(dst + 448 + 16 * (lane - 28)) = x.a;
+        }
         return;
     }
-    if (FP8_OUT) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(ng_fp8e4m3x4_from_f32(f[0], f[1], f[2], f[3]),
-                                                    ng_fp8e4m3x4_from_f32(f[4], f[5], f[6], f[7]));
+    if (lane < 28) {
+        store_nope<FP8_OUT>(dst + (FP8_OUT ? 16 : 32) * lane, x.a, s);
+    } else if (FP8_OUT) {
+        const uint2 lo = rope_fp8(x.a), hi = rope_fp8(x.b);
+        *reinterpret_cast<uint4*>(dst + 448 + 16 * (lane - 28)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
     } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(ng_bf16x2_from_float(f[0], f[1]), ng_bf16x2_from_float(f[2], f[3]),
-                                                    ng_bf16x2_from_float(f[4], f[5]), ng_bf16x2_from_float(f[6], f[7]));
+        uint4* d = reinterpret_cast<uint4*>(dst + 896 + 32 * (lane - 28));  // RoPE bf16, bit for bit
+        d[0] = x.a;
+        d[1] = x.b;
     }
 }
 
 template <bool FP8_OUT>
-__device__ __forceinline__ void store_zero(u8* dst) {
-    if (FP8_OUT) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
-    } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
+__device__ __forceinline__ void zero_lane(u8* dst, int lane) {
+    const int bytes = FP8_OUT ? 16 : 32;  // 512 or 1024 bytes a row over 32 lanes
+    uint4* d = reinterpret_cast<uint4*>(dst + bytes * lane);
+    d[0] = make_uint4(0u, 0u, 0u, 0u);
+    if (!FP8_OUT) d[1] = make_uint4(0u, 0u, 0u, 0u);
 }
 
 // SGLang's forms: out row r < num_ids from token id ids[r] (page id / page_size, slot id %
 // page_size); rows num_ids .. rows - 1 (extra_rows) and rows with a bad id are zero.
 template <typename IT, bool FP8_OUT>
 __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
-    const int g = threadIdx.x & 63, q = threadIdx.x >> 6;
-    const i64 row0 = (i64)blockIdx.x * NG_V4_ROWS;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 row0 = (i64)blockIdx.x * NG_V4_ROWS + w;
     const FastDiv by_page(p.page_size);
-    const int unit_bytes = FP8_OUT ? 8 : 16;
-    uint4 v[NG_V4_PASSES];
-    u32 sc[NG_V4_PASSES];
+    V4Lane x[NG_V4_PASSES];
+    u32 s[NG_V4_PASSES];
     int state[NG_V4_PASSES];  // 1: load and store, 0: zero row, -1: no row
 #pragma unroll
     for (int u = 0; u < NG_V4_PASSES; ++u) {
-        const i64 row = row0 + q + u * NG_V4_TOKENS_PER_PASS;
+        const i64 row = row0 + u * NG_V4_WARPS;
         state[u] = row < p.rows ? 0 : -1;
         if (row < p.num_ids) {
             const i64 id = (i64)__ldg(reinterpret_cast<const IT*>(p.ids) + row * p.ids_stride);
             if (id >= 0 && id < p.num_slots) {  // num_slots <= INT32_MAX (host)
                 const int page = by_page((int)id);
-                load_unit(p, page, (int)id - page * p.page_size, g, v[u], sc[u]);
+                load_lane(p, page, (int)id - page * p.page_size, lane, x[u], s[u]);
                 state[u] = 1;
-            } else if (g == 0) {
+            } else if (lane == 0) {
                 ng_report(p.error, NG_ERR_TOKEN_ID, row, id, p.num_slots);
             }
         }
@@ -158,8 +202,8 @@ __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
 #pragma unroll
     for (int u = 0; u < NG_V4_PASSES; ++u) {
         if (state[u] < 0) continue;
-        u8* dst = p.out + (row0 + q + u * NG_V4_TOKENS_PER_PASS) * p.out_row_stride + (i64)g * unit_bytes;
-        if (state[u]) store_unit<FP8_OUT>(dst, v[u], sc[u], g); else store_zero<FP8_OUT>(dst);
+        u8* dst = p.out + (row0 + u * NG_V4_WARPS) * p.out_row_stride;
+        if (state[u]) store_lane<FP8_OUT>(dst, x[u], s[u], lane); else zero_lane<FP8_OUT>(dst, lane);
     }
 }
 
@@ -167,48 +211,48 @@ __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
 // tile, i < g (g = gather_lens[r], or seq_lens[r] without gather_lens), from cache position
 // seq_lens[r] - g + i through block_table[r]. Rows it does not write stay untouched.
 __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
-    const int g = threadIdx.x & 63, q = threadIdx.x >> 6;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int r = (int)(blockIdx.x / (u64)p.tiles_per_req);
     const i64 i0 = (i64)(blockIdx.x - (u64)r * p.tiles_per_req) * NG_V4_ROWS;
     const i64 seq = __ldg(reinterpret_cast<const i32*>(p.seq_lens) + r);
     const i64 len = p.gather_lens ? (i64)__ldg(reinterpret_cast<const i32*>(p.gather_lens) + r) : seq;
     if (i0 >= len) return;  // the whole block: past this request's rows (or len <= 0)
     const FastDiv by_block(p.page_size);
-    uint4 v[NG_V4_PASSES];
-    u32 sc[NG_V4_PASSES];
+    V4Lane x[NG_V4_PASSES];
+    u32 s[NG_V4_PASSES];
     bool ok[NG_V4_PASSES];
 #pragma unroll
     for (int u = 0; u < NG_V4_PASSES; ++u) {
-        const i64 i = i0 + q + u * NG_V4_TOKENS_PER_PASS;
+        const i64 i = i0 + w + u * NG_V4_WARPS;
         ok[u] = false;
         if (i >= len) continue;
         const i64 pos = seq - len + i;
         if (pos < 0) {  // gathering more tokens than the sequence has
-            if (g == 0) ng_report(p.error, NG_ERR_GATHER_LEN, r, len, seq);
+            if (lane == 0) ng_report(p.error, NG_ERR_GATHER_LEN, r, len, seq);
             continue;
         }
         if (p.offset + i >= p.rows) {
-            if (g == 0) ng_report(p.error, NG_ERR_OUT_ROWS, r, p.offset + i, p.rows);
+            if (lane == 0) ng_report(p.error, NG_ERR_OUT_ROWS, r, p.offset + i, p.rows);
             continue;
         }
         const int j = by_block((int)pos);  // 0 <= pos < seq <= INT32_MAX
         if (j >= p.max_blocks) {
-            if (g == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, i, r, j);
+            if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, i, r, j);
             continue;
         }
         const int b = __ldg(reinterpret_cast<const i32*>(p.ids) + (i64)r * p.ids_stride + j);
         if (b < 0 || b >= p.num_pages) {
-            if (g == 0) ng_report(p.error, NG_ERR_BLOCK_ID, i, r, b);
+            if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_ID, i, r, b);
             continue;
         }
-        load_unit(p, b, (int)(pos - j * p.page_size), g, v[u], sc[u]);
+        load_lane(p, b, (int)(pos - (i64)j * p.page_size), lane, x[u], s[u]);
         ok[u] = true;
     }
 #pragma unroll
     for (int u = 0; u < NG_V4_PASSES; ++u) {
         if (!ok[u]) continue;
-        const i64 row = p.offset + i0 + q + u * NG_V4_TOKENS_PER_PASS;
-        store_unit<false>(p.out + (i64)r * p.out_req_stride + row * p.out_row_stride + (i64)g * 16, v[u], sc[u], g);
+        const i64 row = p.offset + i0 + w + u * NG_V4_WARPS;
+        store_lane<false>(p.out + (i64)r * p.out_req_stride + row * p.out_row_stride, x[u], s[u], lane);
     }
 }
 

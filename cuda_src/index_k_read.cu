@@ -154,5 +154,104 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
 }
 
+// Small calls (a few thousand rows: latency is all there is): one warp per row, NG_THREADS / 32
+// rows per block, no shared memory and no barrier. The warp sums the lengths 32 at a time
+// (shuffles) and finds its row's request by a ballot; with at most 32 requests the lanes also
+// load a window of the page table alongside the lengths (lane l: request l / W, column l % W, W
+// = 32 / 2^ceil(log2(batch))), so a row whose column is in the window is two DRAM round trips
+// from its bytes. Rows past the lengths' sum and rows with bad indices are written as zeros.
+template <int KVEC, typename LT, typename PT>
+__device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
+    typedef typename Vec<KVEC>::T V;
+    const int lane = threadIdx.x & 31;
+    const u32 urow = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
+    if (urow >= (u64)p.num_rows) return;  // the whole warp
+    const int row = (int)urow;
+    const bool read_all = p.error != 0 && urow == 0;  // debug mode: one warp reads every length
+    int wlog = -1;
+    i64 window = -1;
+    if (p.batch <= 32) {
+        wlog = 5 - (32 - __clz(max(p.batch, 1) - 1));  // 32 / 2^ceil(log2(batch)) columns a request
+        const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
+        if (k < p.batch && c < p.max_pages) {
+            window = load_index_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride);
+        }
+    }
+    const u32 cap = 0x7fffffffu;
+    u32 carry = 0, start = 0;
+    int rq = -1;
+    for (u32 c0 = 0; c0 < (u32)p.batch; c0 += 32) {
+        const u32 r = c0 + lane;
+        u32 len = 0;
+        if (r < (u32)p.batch) {
+            const i64 x = load_index_now<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
+            if (x >= 0 && x <= 0x7fffffff) {
+                len = (u32)x;
+            } else {
+                ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
+            }
+        }
+        u32 inc = len;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const u32 y = (u32)__shfl_sync(0xffffffffu, (int)inc, lane >= d ? lane - d : lane);
+            if (lane >= d) inc = min(inc + y, cap);
+        }
+        inc = min(inc + carry, cap);
+        const u32 excl = lane ? (u32)__shfl_sync(0xffffffffu, (int)inc, lane - 1) : carry;
+        const u32 m = __ballot_sync(0xffffffffu, r < (u32)p.batch && inc > (u32)row);
+        if (m && rq < 0) {
+            const int k = __ffs(m) - 1;
+            rq = (int)c0 + k;
+            start = (u32)__shfl_sync(0xffffffffu, (int)excl, k);
+        }
+        carry = (u32)__shfl_sync(0xffffffffu, (int)inc, 31);
+        if (rq >= 0 && !read_all) break;
+    }
+    if (read_all && lane == 0 && (i64)carry > p.num_rows) ng_report(p.error, NG_ERR_LENGTH_SUM, carry, p.num_rows, 0);
+    int page = -1, slot = 0;
+    if (rq >= 0) {
+        const u32 pos = (u32)row - start;  // start <= row
+        const u32 j = pos / (u32)p.page_size;
+        // Every lane shuffles (rq and j are the warp's); the value counts only inside the window.
+        const i64 w = __shfl_sync(0xffffffffu, (int)(window >> 32), (int)((((u32)rq << (wlog & 31)) | j) & 31u));
+        const i64 wl = (u32)__shfl_sync(0xffffffffu, (int)window, (int)((((u32)rq << (wlog & 31)) | j) & 31u));
+        i64 id = -1;
+        if (j >= (u32)p.max_pages) {
+            if (lane == 0) ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
+        } else {
+            id = wlog >= 0 && j < (1u << wlog) ? (i64)(((u64)w << 32) | (u64)wl)
+                : load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
+            if (id >= 0 && id < p.num_pages) {
+                page = (int)id;
+                slot = (int)(pos - j * (u32)p.page_size);
+            } else if (lane == 0) {
+                ng_report(p.error, NG_ERR_PAGE_ID, row, rq, id);
+            }
+        }
+    }
+    const int vpt = p.head_dim / KVEC;
+    V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
+    u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
+    if (page < 0) {  // a zero row
+        for (int c = lane; c < vpt; c += 32) dst[c] = V();
+        for (int c = lane; c < p.scale_words; c += 32) sdst[c] = 0u;
+        return;
+    }
+    const u8* base = p.kv_cache + (i64)page * p.page_stride;
+    const V* src = reinterpret_cast<const V*>(base + (i64)slot * p.head_dim);
+    const u32* ssrc = reinterpret_cast<const u32*>(base + (i64)p.page_size * p.head_dim + (i64)slot * p.scale_words * 4);
+    // The first vector and scale word are both loaded before either is stored.
+    const bool has_v = lane < vpt, has_s = lane < p.scale_words;
+    V v;
+    u32 sw = 0;
+    if (has_v) v = __ldg(src + lane);
+    if (has_s) sw = __ldg(ssrc + lane);
+    if (has_v) dst[lane] = v;
+    if (has_s) sdst[lane] = sw;
+    for (int c = lane + 32; c < vpt; c += 32) dst[c] = __ldg(src + c);
+    for (int c = lane + 32; c < p.scale_words; c += 32) sdst[c] = __ldg(ssrc + c);
+}
+
 // Entry points: none here. The spec (nvrtc_gather/kernels/index_k_read.py) names them and the
 // body each runs (index_k_read_body<16, 4, i32, i64>, ...); the JIT appends the wrappers.

@@ -16,8 +16,8 @@ from nvrtc_gather.jit import runtime  # noqa: E402
 from nvrtc_gather.kernels import dsv4_gather as spec  # noqa: E402
 from nvrtc_gather.ops import dsv4_gather as op  # noqa: E402
 
-VARIANTS = {"p4": ("-DNG_V4_PASSES=4",), "p4_nof16": ("-DNG_V4_PASSES=4", "-DNG_V4_NO_F16"),
-            "p8": ("-DNG_V4_PASSES=8",), "p2": ("-DNG_V4_PASSES=2",), "raw_p4": ("-DNG_V4_PASSES=4", "-DNG_V4_RAW=1")}
+VARIANTS = {"p1": ("-DNG_V4_PASSES=1",), "p2": ("-DNG_V4_PASSES=2",), "p4": ("-DNG_V4_PASSES=4",),
+            "p2_nof16": ("-DNG_V4_PASSES=2", "-DNG_V4_NO_F16"), "raw_p2": ("-DNG_V4_PASSES=2", "-DNG_V4_RAW=1")}
 
 
 def launcher(name, options, fp8, cache, ids, out):
@@ -29,7 +29,7 @@ def launcher(name, options, fp8, cache, ids, out):
     rows, n = out.size(0), ids.size(0)
     call = (cache.data_ptr(), out.data_ptr(), ids.data_ptr(), 0, 0, rows, n, out.stride(0) * out.element_size(), 0,
             ids.stride(0), 0, 0, 0)
-    blocks = -(-rows // (4 * passes))
+    blocks = -(-rows // (8 * passes))  # a warp a token, 8 warps
     return lambda: go(call, 0, blocks)
 
 

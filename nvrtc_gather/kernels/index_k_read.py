@@ -23,30 +23,39 @@ VECTOR_WIDTHS = gather.VECTOR_WIDTHS
 INDEX_TYPES = ("i32", "i64")  # the C types of int32 / int64 lengths and page ids
 
 
-def entry_name(vec: int, lengths: str, pages: str) -> str:
+SHAPES = ("", "wide", "tiny")  # as the indexer gather's: 4 or 8 loads in flight per thread; a warp a row
+_BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}>", "wide": "index_k_read_body<{vec}, 8, {lt}, {pt}>",
+           "tiny": "index_k_read_tiny<{vec}, {lt}, {pt}>"}
+
+
+def module_name(vec: int, lengths: str, pages: str) -> str:
     return f"index_k_read_v{vec}_l{lengths[1:]}_p{pages[1:]}"
 
 
-MODULES = {vec: KernelModule(
-    name=f"index_k_read_v{vec}",
+def entry_name(vec: int, lengths: str, pages: str, shape: str = "") -> str:
+    return module_name(vec, lengths, pages) + (f"_{shape}" if shape else "")
+
+
+# One module per vector width and index dtypes: a deployment uses one of each (SGLang: int32).
+MODULES = {(vec, lt, pt): KernelModule(
+    name=module_name(vec, lt, pt),
     source="index_k_read.cu",
-    entries=tuple(Entry(entry_name(vec, lt, pt), f"index_k_read_body<{vec}, 4, {lt}, {pt}>")
-                  for lt in INDEX_TYPES for pt in INDEX_TYPES),
+    entries=tuple(Entry(entry_name(vec, lt, pt, s), _BODIES[s].format(vec=vec, lt=lt, pt=pt)) for s in SHAPES),
     params=PARAMS,
     label="get_index_k_scale_buffer",
     threads=THREADS,
-) for vec in VECTOR_WIDTHS}
+) for vec in gather.VECTOR_WIDTHS for lt in INDEX_TYPES for pt in INDEX_TYPES}
 register(*MODULES.values())
 
 vector_width = gather.vector_width
 
 
-def tokens_per_cta(head_dim: int, num_rows: int, sm_count: int) -> int:
-    """Rows per block: the indexer gather's 16 KiB tiles, small calls spread over every SM
-    (about two blocks each, at least one row per warp); no 32 KiB tiles."""
-    most = max(1, min(THREADS, gather.BYTES_PER_CTA // head_dim))
-    spread = -(-num_rows // (2 * sm_count))
-    return max(1, min(most, max(gather.MIN_TOKENS_PER_CTA, spread)))
+def shape_for(head_dim: int, num_rows: int, sm_count: int) -> tuple[int, str]:
+    """(rows per block, entry shape): the indexer gather's tile policy (gather.tokens_per_cta,
+    gather.entry_for), the same rows per block and the same three shapes."""
+    tpc = gather.tokens_per_cta(head_dim, num_rows, sm_count)
+    entry = gather.entry_for(16, tpc, head_dim)
+    return tpc, "tiny" if entry.endswith("_tiny") else "wide" if entry.endswith("_wide") else ""
 
 
 def grid(num_rows: int, tokens_per_cta: int) -> int:

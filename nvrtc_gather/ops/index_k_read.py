@@ -124,23 +124,22 @@ class ReadLayout(NamedTuple):
     max_tokens: int      # max_pages * page_size: the largest max_seq_len
     sm_count: int
     widths: tuple        # vector width by the low 4 bits of buf's and dst_k's pointers (0: not 4-aligned)
-    entries: dict        # vector width -> entry point
+    types: tuple         # (lengths C type, page ids C type): the module
     image: object        # the struct image with the layout's fields
-    launchers: dict      # vector width -> launcher (per-call grid), made on first use
+    launchers: dict      # (vector width, shape) -> launcher (per-call grid), made on first use
 
 
 def _layout(plan: ReadPlan) -> ReadLayout:
     low = plan.page_stride | plan.head_dim
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
-    entries = {vec: spec.entry_name(vec, *plan.entry_types) for vec in spec.VECTOR_WIDTHS}
     image = spec.PARAMS.image(**plan.fields)
     return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size,
-                      driver.sm_count(plan.device), widths, entries, image, {})
+                      driver.sm_count(plan.device), widths, plan.entry_types, image, {})
 
 
-def _launcher(layout: ReadLayout, vec: int):
-    handle = runtime.load(spec.MODULES[vec], layout.device, runtime.current_stream(layout.device))
-    go = layout.launchers[vec] = handle.launcher(layout.entries[vec], 0, layout.image)
+def _launcher(layout: ReadLayout, vec: int, shape: str):
+    handle = runtime.load(spec.MODULES[(vec, *layout.types)], layout.device, runtime.current_stream(layout.device))
+    go = layout.launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
     return go
 
 
@@ -174,8 +173,8 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
         kv_p, k_p = buf.data_ptr(), k.data_ptr()
         vec = layout.widths[(kv_p | k_p) & 15]
         if vec:
-            tpc = spec.tokens_per_cta(layout.head_dim, seq_len_sum, layout.sm_count)
-            (layout.launchers.get(vec) or _launcher(layout, vec))(
+            tpc, shape = spec.shape_for(layout.head_dim, seq_len_sum, layout.sm_count)
+            (layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape))(
                 (kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc),
                 0, -(-seq_len_sum // tpc))
             return k, s
@@ -191,8 +190,8 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
     if seq_len_sum:
         kv_p, k_p = buf.data_ptr(), k.data_ptr()
         vec = spec.vector_width(kv_p | k_p | plan.page_stride | plan.head_dim)
-        tpc = spec.tokens_per_cta(plan.head_dim, seq_len_sum, layout.sm_count)
-        _launcher(layout, vec)((kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(),
+        tpc, shape = spec.shape_for(plan.head_dim, seq_len_sum, layout.sm_count)
+        _launcher(layout, vec, shape)((kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(),
                                 seq_len_sum, tpc), 0, -(-seq_len_sum // tpc))
     if key is not None:
         if len(_layouts) >= _MAX_LAYOUTS:

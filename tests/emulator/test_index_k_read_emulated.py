@@ -72,14 +72,17 @@ def random_case(rng: random.Random):
     return buf, seq, table, num_rows, ps, hd, nq, lens, pages
 
 
-def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0):
+def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape=""):
     plan = op.plan_read(buf, seq, table, ps, hd, nq and hd // nq)
     k = torch.full((num_rows, hd), POISON, dtype=torch.uint8)
     s = torch.full((num_rows, 4 * nq), POISON, dtype=torch.uint8)
     if num_rows:
         vec = spec.vector_width(buf.data_ptr() | k.data_ptr() | plan.page_stride | hd)
-        tpc = tpc or spec.tokens_per_cta(hd, num_rows, 132)
-        entry = spec.entry_name(vec, *plan.entry_types)
+        if tpc is None:
+            tpc, shape = spec.shape_for(hd, num_rows, 132)
+        if shape == "tiny":
+            tpc = 8  # a warp a row
+        entry = spec.entry_name(vec, *plan.entry_types, shape)
         emu_launch(dll, spec.PARAMS, entry, spec.grid(num_rows, tpc),
                    call_fields(plan, buf.data_ptr(), k.data_ptr(), s.data_ptr(), seq.data_ptr(), table.data_ptr(),
                                num_rows, tpc), err_ptr)
@@ -87,13 +90,14 @@ def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0):
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_emulated_read_matches_the_reference(emu, seed):
+@pytest.mark.parametrize("shape", spec.SHAPES)
+def test_emulated_read_matches_the_reference(emu, seed, shape):
     rng = random.Random(seed)
     buf, seq, table, num_rows, ps, hd, nq, lens, pages = random_case(rng)
-    tpc = rng.choice([None, 8, 37, 128, 256])
-    k, s = run(emu, buf, seq, table, num_rows, ps, hd, nq, tpc)
+    tpc = rng.choice([8, 37, 128, 256]) if shape != "tiny" else 8
+    k, s = run(emu, buf, seq, table, num_rows, ps, hd, nq, tpc, shape=shape)
     want_k, want_s = reference(buf, lens, pages, num_rows, ps, hd, nq)
-    desc = f"seed {seed}: batch {len(lens)} rows {num_rows} page {ps} hd {hd} nq {nq} tpc {tpc} {seq.dtype} {table.dtype}"
+    desc = f"{shape or 'tile'} seed {seed}: batch {len(lens)} rows {num_rows} page {ps} hd {hd} nq {nq} tpc {tpc} {seq.dtype} {table.dtype}"
     assert torch.equal(k, want_k), desc
     assert torch.equal(s, want_s), desc
 
@@ -118,22 +122,26 @@ def test_a_row_count_below_the_lengths_sum_writes_only_its_rows(emu):
     k, s = run(emu, buf, seq, table, 25, 16, 128, 1)
     want_k, want_s = reference(buf, [20, 30], [[1, 2], [3, 4]], 25, 16, 128, 1)
     assert torch.equal(k, want_k) and torch.equal(s, want_s)
-    err = torch.zeros(4, dtype=torch.int64)
-    run(emu, buf, seq, table, 25, 16, 128, 1, err_ptr=err.data_ptr())
-    assert err.tolist() == [12, 50, 25, 0]  # NG_ERR_LENGTH_SUM: the lengths sum to 50 > 25 rows
+    for shape in spec.SHAPES:
+        err = torch.zeros(4, dtype=torch.int64)
+        k, s = run(emu, buf, seq, table, 25, 16, 128, 1, tpc=8, err_ptr=err.data_ptr(), shape=shape)
+        assert err.tolist() == [12, 50, 25, 0], shape  # NG_ERR_LENGTH_SUM: the lengths sum to 50 > 25 rows
+        assert torch.equal(k, want_k) and torch.equal(s, want_s), shape
     del rng
 
 
+@pytest.mark.parametrize("shape", spec.SHAPES)
 @pytest.mark.parametrize("bad, code", [
     (dict(lens=[5, -3, 4]), 11), (dict(lens=[5, 2**31, 4]), 11), (dict(pages=[[0], [9], [1]]), 14),
     (dict(pages=[[0], [-1], [1]]), 14), (dict(lens=[5, 17, 4]), 13),
 ])
-def test_debug_mode_reports_bad_values_and_their_rows_are_zero(emu, bad, code):
+def test_debug_mode_reports_bad_values_and_their_rows_are_zero(emu, bad, code, shape):
     lens, pages = bad.get("lens", [5, 3, 4]), bad.get("pages", [[0], [2], [1]])
     buf = torch.randint(0, 256, (3, 16 * 132), dtype=torch.uint8)
     seq, table = torch.tensor(lens, dtype=torch.int64), torch.tensor(pages, dtype=torch.int64)
     err = torch.zeros(4, dtype=torch.int64)
-    k, s = run(emu, buf, seq, table, 30, 16, 128, 1, err_ptr=err.data_ptr())
+    k, s = run(emu, buf, seq, table, 30, 16, 128, 1, tpc=8 if shape == "tiny" else 16, err_ptr=err.data_ptr(),
+               shape=shape)
     assert err[0] == code
     want_k, want_s = reference(buf, lens, pages, 30, 16, 128, 1)
     assert torch.equal(k, want_k) and torch.equal(s, want_s)
@@ -174,18 +182,19 @@ def fuzz_case(seed: int):
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
+@pytest.mark.parametrize("shape", spec.SHAPES)
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-def test_index_k_read_index_fuzz(emu, debug):
+def test_index_k_read_index_fuzz(emu, debug, shape):
     cases = [fuzz_case(seed) for seed in range(40)]
     launches = []
     for c in cases:
         plan = op.plan_read(c["buf"], c["sl"], c["tb"], c["ps"], c["hd"], c["hd"] // c["nq"])
-        tpc = spec.tokens_per_cta(c["hd"], c["num_rows"], 4)
+        tpc = 8 if shape == "tiny" else spec.shape_for(c["hd"], c["num_rows"], 4)[0]
         fields = call_fields(plan, c["buf"].data_ptr(), c["k"].data_ptr(), c["s"].data_ptr(), c["sl"].data_ptr(),
                              c["tb"].data_ptr(), c["num_rows"], tpc)
         c["before"] = c["arena"].bytes.clone()
         vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
-        launches.append(Launch(spec.entry_name(vec, *plan.entry_types), spec.grid(c["num_rows"], tpc),
+        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape), spec.grid(c["num_rows"], tpc),
                                pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),
                                [span(c["buf"]), span(c["sl"]), span(c["tb"])]))
     for c, outcome in zip(cases, run_isolated(emu, launches)):
