@@ -129,12 +129,18 @@ def unregister() -> None:
     with _lock:
         for finder in [f for f in sys.meta_path if isinstance(f, _ImportHook)]:
             sys.meta_path.remove(finder)
-        wrapper, original = _state["wrapper"], _state["original"]
-        if wrapper is not None:
-            for module in list(sys.modules.values()):
-                if getattr(module, "__dict__", {}).get(NAME) is wrapper:
-                    setattr(module, NAME, original)
+        _restore()
         _state.update(state="not installed", home=None, original=None, wrapper=None, left={})
+
+
+def _restore() -> None:
+    """vLLM's function back in every module where the name is ours."""
+    wrapper, original = _state["wrapper"], _state["original"]
+    if wrapper is not None:
+        for module in list(sys.modules.values()):
+            for attr, value in list(getattr(module, "__dict__", {}).items()):
+                if value is wrapper:
+                    setattr(module, attr, original)
 
 
 def _leave_layout(why: str) -> None:
@@ -147,6 +153,7 @@ def _patch_loaded(home: Home) -> None:
     package = sys.modules[home.package]
     original = package.__dict__.get(NAME)
     if not callable(original):
+        _restore()  # its cache_utils may have had it: vLLM's own everywhere
         _leave_layout(f"{home.package} has no {NAME} (a layout nvrtc_gather does not know)")
         return
     if _state["wrapper"] is None:
