@@ -28,7 +28,7 @@ VARIABLES = {
     DEBUG_ENV: "boolean: kernels check their indices, the op raises on bad ones (one sync per call)",
     VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's cache ops (integrations/vllm.py)",
     VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces, comma-separated: gather, quant, mla_write, mla_gather, "
-                  "cp_gather, dequant_gather (unset or empty: all six)",
+                  "cp_gather, dequant_gather, dsv4_gather (unset or empty: all seven)",
     SGLANG_ENV: "boolean, default on: the SGLang plugin hooks SGLang's index-K accessor (integrations/sglang_plugin.py)",
     SGLANG_OPS_ENV: "which of SGLang's accessor methods the plugin hooks, comma-separated: get, set (empty or unset: all)",
 }

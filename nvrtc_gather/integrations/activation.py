@@ -3,11 +3,13 @@
 ``NVRTC_GATHER_VLLM``: on by default; ``0``/``false``/``no``/``off``/empty turn the plugin off,
 ``1``/``true``/``yes``/``on`` keep it on (case-insensitive). Anything else raises, naming the
 variable: a typo must not silently leave vLLM's kernels (or ours) in place.
-``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (unset or empty: all six):
-``gather`` (cp_gather_indexer_k_quant_cache), ``quant`` (indexer_k_quant_and_cache), ``mla_write``
-(concat_and_cache_mla), ``mla_gather`` (cp_gather_and_upconvert_fp8_kv_cache), ``cp_gather``
-(cp_gather_cache) and ``dequant_gather`` (gather_and_maybe_dequant_cache); the ops' full names are
-accepted too."""
+``NVRTC_GATHER_VLLM_OPS``: which of vLLM's ops to replace, comma-separated (unset or empty: all
+seven): ``gather`` (cp_gather_indexer_k_quant_cache), ``quant`` (indexer_k_quant_and_cache),
+``mla_write`` (concat_and_cache_mla), ``mla_gather`` (cp_gather_and_upconvert_fp8_kv_cache),
+``cp_gather`` (cp_gather_cache), ``dequant_gather`` (gather_and_maybe_dequant_cache), all
+``torch.ops._C_cache_ops`` ops, and ``dsv4_gather`` (dequantize_and_gather_k_cache, DeepSeek-V4's
+Python function, where the loaded vLLM has it: integrations/vllm_dsv4.py); the ops' full names
+are accepted too."""
 from __future__ import annotations
 
 import os
@@ -23,9 +25,11 @@ MLA_WRITE = "concat_and_cache_mla"
 MLA_GATHER = "cp_gather_and_upconvert_fp8_kv_cache"
 CP_GATHER = "cp_gather_cache"
 DEQUANT_GATHER = "gather_and_maybe_dequant_cache"
-ALL_OPS = (GATHER, QUANT, MLA_WRITE, MLA_GATHER, CP_GATHER, DEQUANT_GATHER)  # the fixed order ops are named in
+DSV4_GATHER = "dequantize_and_gather_k_cache"
+CACHE_OPS = (GATHER, QUANT, MLA_WRITE, MLA_GATHER, CP_GATHER, DEQUANT_GATHER)  # torch.ops._C_cache_ops.*
+ALL_OPS = CACHE_OPS + (DSV4_GATHER,)  # the fixed order ops are named in
 SHORT_NAMES = {"gather": GATHER, "quant": QUANT, "mla_write": MLA_WRITE, "mla_gather": MLA_GATHER,
-               "cp_gather": CP_GATHER, "dequant_gather": DEQUANT_GATHER}
+               "cp_gather": CP_GATHER, "dequant_gather": DEQUANT_GATHER, "dsv4_gather": DSV4_GATHER}
 OP_NAMES = {**SHORT_NAMES, **{name: name for name in ALL_OPS}}
 
 

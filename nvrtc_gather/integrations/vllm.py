@@ -18,9 +18,13 @@ refuses too) go to vLLM's own kernel, fetched before the override
 gather, with ``seq_lens``; an older dequantizing gather with ``batch_size`` where 0.33 has
 ``token_to_seq``) is left to vLLM, and the log says why.
 
+DeepSeek-V4's prefill gather, ``dequantize_and_gather_k_cache``, is a Python function in vLLM
+(0.20 and later), not a ``torch.ops`` op: integrations/vllm_dsv4.py replaces it where the loaded
+vLLM keeps it.
+
 As a vLLM plugin: the package declares the ``vllm.general_plugins`` entry point ``nvrtc_gather``
 (:func:`plugin`). vLLM calls it in every process (``vllm/plugins/__init__.py:
-load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces all six ops unless
+load_general_plugins``) when ``VLLM_PLUGINS`` is unset or names it; it replaces all seven unless
 ``NVRTC_GATHER_VLLM=0`` (integrations/activation.py), and loads the kernels on each worker's GPU
 when the worker has set its device (integrations/vllm_worker.py). Its INFO line naming the ops
 appears once in each process's vLLM log, forked ones included (integrations/vllm_log.py).
@@ -48,7 +52,7 @@ from ..ops.gather import gather_fake
 from ..ops.indexer_k_quant import quant_fake
 from ..ops.mla_gather import gather_fake as mla_gather_fake
 from ..ops.mla_write import FORMATS as MLA_FORMATS, write_fake as mla_write_fake
-from . import activation, mx_scales, vllm_log, vllm_worker
+from . import activation, mx_scales, vllm_dsv4, vllm_log, vllm_worker
 
 NAMESPACE = "_C_cache_ops"
 PLUGIN_NAME = "nvrtc_gather"
@@ -86,7 +90,8 @@ class VllmStatus:
     """What the vLLM adapter did in this process (``dataclasses.asdict`` gives a plain dict).
 
     registered: whether any of vLLM's ops now runs nvrtc_gather's kernels on CUDA tensors.
-    ops: the ops replaced, by vLLM's names (``torch.ops._C_cache_ops.<name>``).
+    ops: the ops replaced, by vLLM's names (``torch.ops._C_cache_ops.<name>``, and
+        ``dequantize_and_gather_k_cache`` once it is, or will be on vLLM's import, ours).
     schemas: ``"vllm"`` (vLLM's compiled library defined them; only its CUDA kernels were
         replaced) or ``"nvrtc_gather"`` (vLLM's library was not loaded: defined here, with CPU
         kernels); None before registering.
@@ -95,6 +100,8 @@ class VllmStatus:
         switched off.
     preload: the worker hook's state (integrations/vllm_worker.py: ``status()``).
     left_to_vllm: ops asked for but left to vLLM, with why (a loaded schema we do not serve).
+    dsv4_gather: ``vllm_dsv4.status()``: where vLLM's DeepSeek-V4 gather is ours, and the calls
+        sent to vLLM's own function, with why.
     """
 
     registered: bool
@@ -104,13 +111,19 @@ class VllmStatus:
     disabled_by: str | None
     preload: str
     left_to_vllm: dict
+    dsv4_gather: dict
 
 
 def status() -> VllmStatus:
     """The adapter's state in this process: whether vLLM's ops were replaced, which, how."""
-    ops = tuple(name for name in SCHEMAS if name in _libraries)
+    ops = _replaced()
     return VllmStatus(bool(ops), ops, _state["schemas"], _state["activated_by"], _state["disabled_by"],
-                      vllm_worker.status(), dict(_skipped))
+                      vllm_worker.status(), dict(_skipped), vllm_dsv4.status())
+
+
+def _replaced() -> tuple[str, ...]:
+    return tuple(name for name in SCHEMAS if name in _libraries) + \
+        ((activation.DSV4_GATHER,) if vllm_dsv4.installed() else ())
 
 
 def logger() -> logging.Logger:
@@ -224,9 +237,9 @@ def _load_vllm_library() -> None:
 def register(ops=None) -> tuple[str, ...]:
     """Make vLLM's ``torch.ops._C_cache_ops`` ops run nvrtc_gather's kernels on CUDA tensors:
     ``ops`` names which (``"gather"``, ``"quant"``, ``"mla_write"``, ``"mla_gather"``,
-    ``"cp_gather"``, ``"dequant_gather"`` or their full names, an iterable or a comma-separated
-    string; default all). Safe to call any number of times; returns the ops replaced in this
-    process so far. Logs one line saying which."""
+    ``"cp_gather"``, ``"dequant_gather"``, ``"dsv4_gather"`` or their full names, an iterable or a
+    comma-separated string; default all). Safe to call any number of times; returns the ops
+    replaced in this process so far. Logs one line saying which (and one for ``dsv4_gather``)."""
     if ops is not None and not isinstance(ops, str):
         names = list(ops) if hasattr(ops, "__iter__") else None
         if names is None or not all(isinstance(o, str) for o in names):
@@ -236,11 +249,18 @@ def register(ops=None) -> tuple[str, ...]:
     wanted = activation.parse_ops(ops if isinstance(ops, str) else ",".join(ops), "ops") if ops is not None \
         else activation.ALL_OPS
     with _lock:
-        new = [name for name in wanted if name not in _libraries and name not in _skipped]
+        new = [name for name in wanted if name in SCHEMAS and name not in _libraries and name not in _skipped]
         if new:
             _register(new)
+        if activation.DSV4_GATHER in wanted and not vllm_dsv4.installed():
+            vllm_dsv4.install(logger)
+            if vllm_dsv4.installed():  # once in this process and in each forked one, as _register's line
+                vllm_log.announce(logger, logging.INFO, "nvrtc_gather: vLLM's %s (%s, DeepSeek-V4) now runs "
+                                  "nvrtc_gather's kernel on CUDA tensors; other calls go to vLLM's own function",
+                                  activation.DSV4_GATHER, vllm_dsv4.status()["home"])
+        if new or vllm_dsv4.installed():
             _state["activated_by"] = _state["activated_by"] or "register()"
-        return tuple(name for name in SCHEMAS if name in _libraries)
+        return _replaced()
 
 
 def _register(names: list[str]) -> None:
@@ -284,7 +304,7 @@ def _register(names: list[str]) -> None:
 def plugin() -> None:
     """The ``vllm.general_plugins`` entry point. vLLM runs it in every process when
     ``VLLM_PLUGINS`` is unset or names ``nvrtc_gather`` (its own check, exact names, no spaces
-    stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all six) unless
+    stripped). It replaces the ops of ``NVRTC_GATHER_VLLM_OPS`` (default all seven) unless
     ``NVRTC_GATHER_VLLM`` is off, and hooks the worker's device setup to load their kernels
     on that GPU before serving. A bad value of either variable raises ValueError naming it."""
     off = activation.switched_off_by()
@@ -300,4 +320,4 @@ def plugin() -> None:
     with _lock:
         _state["activated_by"] = _state["activated_by"] or "plugin"
     register(ops)
-    vllm_worker.install(ops, logger)
+    vllm_worker.install(tuple(o for o in ops if o != activation.DSV4_GATHER or vllm_dsv4.installed()), logger)

@@ -29,8 +29,8 @@ import time
 import torch
 
 from ..jit import runtime
-from ..kernels import cache_gather as cache_gather_kernels, gather as gather_kernels, \
-    indexer_k_quant as quant_kernels, mla_cache as mla_kernels
+from ..kernels import cache_gather as cache_gather_kernels, dsv4_gather as dsv4_kernels, \
+    gather as gather_kernels, indexer_k_quant as quant_kernels, mla_cache as mla_kernels
 from ..ops.cache_gather import KV_CACHE_DTYPES as GATHER_KV_CACHE_DTYPES
 from ..ops.indexer_k_quant import TYPE_NAMES
 from ..ops.mla_write import TYPE_NAMES as MLA_TYPE_NAMES
@@ -54,7 +54,8 @@ def modules_for(ops, dtype: torch.dtype | None = None, cache_dtype: str | None =
     """The kernel modules the given vLLM ops can launch: every gather module (one per vector
     width), the write ops' modules for the model's dtype (every dtype when unknown), the
     chunked-context gathers' byte copy and the fp8 dequantization of the KV cache's dtype
-    (vLLM's ``cache_dtype``; both fp8 formats when unknown) into the model's dtype."""
+    (vLLM's ``cache_dtype``; both fp8 formats when unknown) into the model's dtype, and
+    DeepSeek-V4's paged gather."""
     mods = []
     if activation.GATHER in ops:
         mods += gather_kernels.MODULES.values()
@@ -77,6 +78,8 @@ def modules_for(ops, dtype: torch.dtype | None = None, cache_dtype: str | None =
         convs += [c for c in cache_gather_kernels.CONVERSIONS
                   if c != "copy" and c.split("_")[0] in formats and want in (None, c.split("_")[1])]
     mods += [cache_gather_kernels.MODULES[c, cache_gather_kernels.widest(c)] for c in convs]
+    if activation.DSV4_GATHER in ops:
+        mods.append(dsv4_kernels.PAGED_MODULE)
     return tuple(mods)
 
 

@@ -17,7 +17,10 @@ from nvrtc_gather.integrations import activation
 from test_vllm_real import PYTHON, vllm_dir  # noqa: F401  (the module-scoped fixture)
 
 LINE = re.compile(r"^\((?P<name>\w+) pid=(?P<pid>\d+)\) INFO .*nvrtc_gather: torch\.ops\._C_cache_ops\.\{"
-                  + re.escape(", ".join(activation.ALL_OPS)) + r"\} now run nvrtc_gather's kernels", re.M)
+                  + re.escape(", ".join(activation.CACHE_OPS)) + r"\} now run nvrtc_gather's kernels", re.M)
+# vLLM 0.33 has DeepSeek-V4: its gather's line (integrations/vllm_dsv4.py), once per process too
+DSV4_LINE = re.compile(r"^\((?P<name>\w+) pid=(?P<pid>\d+)\) INFO .*nvrtc_gather: vLLM's dequantize_and_gather_k_cache "
+                       r"\(vllm\.models\.deepseek_v4\.common\.ops, DeepSeek-V4\) now runs nvrtc_gather's kernel", re.M)
 
 
 def test_a_line_waits_for_vllms_logging_and_is_repeated_in_a_forked_process():
@@ -82,6 +85,8 @@ def test_the_line_appears_once_in_each_vllm_process(vllm_dir, method):
     assert sorted(name for name, _ in by_process) == ["APIServer", "EngineCore", "Worker_TP0", "Worker_TP1"], log[-4000:]
     assert set(by_process.values()) == {1}, by_process  # once each: four processes, four pids
     assert len({pid for _, pid in by_process}) == 4, by_process
+    dsv4 = collections.Counter((m["name"], m["pid"]) for m in DSV4_LINE.finditer(log))
+    assert dsv4 == by_process, (dsv4, by_process)
 
 
 def test_vllms_logging_configuration_is_left_as_vllm_makes_it(vllm_dir):

@@ -13,6 +13,9 @@ from nvrtc_gather.integrations import activation
 GATHER, QUANT = "cp_gather_indexer_k_quant_cache", "indexer_k_quant_and_cache"
 MLA_WRITE, MLA_GATHER = "concat_and_cache_mla", "cp_gather_and_upconvert_fp8_kv_cache"
 CP_GATHER, DEQUANT_GATHER = "cp_gather_cache", "gather_and_maybe_dequant_cache"
+# vllm_dsv4.status() where vLLM's DeepSeek-V4 gather is untouched (this stand-in `vllm` has none)
+DSV4_NONE = {"state": "not installed", "home": None, "modules": [], "left_to_vllm": {}}
+DSV4_ABSENT = dict(DSV4_NONE, state="no DeepSeek-V4 in this vLLM")
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("TRUE", True), ("yes", True), (" On ", True),
@@ -85,12 +88,14 @@ PLUGIN = """
 def test_plugin_replaces_both_ops_by_default_and_says_so_in_vllms_log():
     got = run(PLUGIN)
     assert got["before"] == {"registered": False, "ops": [], "schemas": None, "activated_by": None,
-                             "disabled_by": None, "preload": "not installed", "left_to_vllm": {}}
+                             "disabled_by": None, "preload": "not installed", "left_to_vllm": {},
+                             "dsv4_gather": DSV4_NONE}
     assert got["error"] is None and got["gather"] and got["quant"] and got["mla_write"] and got["mla_gather"]
     assert got["cp_gather"] and got["dequant_gather"]
     assert got["status"] == {"registered": True, "ops": [GATHER, QUANT, MLA_WRITE, MLA_GATHER, CP_GATHER, DEQUANT_GATHER],
                              "schemas": "nvrtc_gather", "activated_by": "plugin", "disabled_by": None,
-                             "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {}}
+                             "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {},
+                             "dsv4_gather": DSV4_ABSENT}
     assert (f"torch.ops._C_cache_ops.{{{GATHER}, {QUANT}, {MLA_WRITE}, {MLA_GATHER}, {CP_GATHER}, {DEQUANT_GATHER}}} "
             "now run nvrtc_gather's kernels") in got["log"], got["log"]
 

@@ -118,9 +118,12 @@ def _load(**env):
 
 def test_vllms_loader_loads_the_plugin_and_vllms_wrappers_run_our_ops(vllm_dir):
     got, log = _load()
-    assert got["status"] == {"registered": True, "ops": list(SCHEMAS), "schemas": "nvrtc_gather",
-                             "activated_by": "plugin", "disabled_by": None,
-                             "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {}}, got
+    home = "vllm.models.deepseek_v4.common.ops"  # not imported here: replaced when vLLM imports it
+    assert got["status"] == {"registered": True, "ops": [*SCHEMAS, "dequantize_and_gather_k_cache"],
+                             "schemas": "nvrtc_gather", "activated_by": "plugin", "disabled_by": None,
+                             "preload": "waiting for vllm.v1.worker.worker_base", "left_to_vllm": {},
+                             "dsv4_gather": {"state": f"waiting for {home}", "home": home, "modules": [],
+                                             "left_to_vllm": {}}}, got
     assert got["gather"] and got["ue8m0"] and got["fp8_e4m3"] and got["mxfp8"], got
     assert got["mla_write"] and got["mla_gather"], got
     assert got["cp_gather"] and got["dequant_gather auto"] and got["dequant_gather fp8"] and \
