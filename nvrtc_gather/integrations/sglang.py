@@ -38,7 +38,7 @@ import torch
 from .. import indexer_k_scatter
 from ..ops import checks, dsv4_gather, index_k_read
 from ..ops import indexer_k_scatter as indexer_k_scatter_op
-from . import sglang_activation, sglang_log
+from . import sglang_activation, sglang_dsv4, sglang_log
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,13 @@ def register(ops=None) -> tuple[str, ...]:
             return ()
         hooked = []
         for op in wanted:
+            if op in sglang_dsv4.FUNCTIONS:  # a function, not an accessor method
+                fname = sglang_dsv4.install(op, _leave)
+                if fname is not None:
+                    if fname not in _state["hooked"]:
+                        hooked.append(fname)
+                    _state["hooked"][fname] = sglang_dsv4.DEFINING
+                continue
             cls_name, make = _HOOKS[op]
             cls = getattr(module, cls_name, None)
             if cls is None:
@@ -93,9 +100,11 @@ def register(ops=None) -> tuple[str, ...]:
                 _patch(cls, make)
                 hooked.append(f"{cls_name}.execute")
             _state["hooked"][f"{cls_name}.execute"] = name
-        kept = [m for m in sglang_activation.OPS.values() if m not in _state["hooked"]]
+        v4 = sglang_dsv4.present()
+        kept = [m for op, m in sglang_activation.OPS.items()
+                if m not in _state["hooked"] and (v4 or op not in sglang_dsv4.FUNCTIONS)]
     if hooked:
-        sglang_log.announce(logging.INFO, "SGLang %s: %s in %s now run nvrtc_gather's kernels for fp8 index buffers%s "
+        sglang_log.announce(logging.INFO, "SGLang %s: %s in %s now run nvrtc_gather's kernels%s "
                             "(status() says what stays with SGLang)", _release(), " and ".join(hooked), name,
                             f"; {', '.join(kept)} left to SGLang" if kept else "")
     return (name,)
@@ -124,6 +133,7 @@ def unregister() -> None:
             if original is not None:
                 cls.execute = original
                 delattr(cls, _TAG)
+    sglang_dsv4.uninstall()
     with _lock:
         _state.update(module=None, hooked={}, left={})
 
@@ -277,7 +287,8 @@ def _set_hook(sglang_execute):
 
 
 # sglang_activation.OPS short name -> (the accessor class, the hook of its execute): one row per op.
-_HOOKS = {"get": ("GetKAndS", _get_hook), "set": ("SetKAndS", _set_hook)}
+_HOOKS = {"get": ("GetKAndS", _get_hook), "set": ("SetKAndS", _set_hook),
+          **{op: (None, None) for op in sglang_dsv4.FUNCTIONS}}  # functions: sglang_dsv4.install
 
 
 # -- the accessor ------------------------------------------------------------------------------

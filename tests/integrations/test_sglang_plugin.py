@@ -14,7 +14,7 @@ import pytest
 from helpers import sglang_plugin_standin, sglang_standin
 from helpers.fresh_python import run
 from nvrtc_gather.integrations import sglang as hook
-from nvrtc_gather.integrations import sglang_activation, sglang_log, sglang_plugin
+from nvrtc_gather.integrations import sglang_activation, sglang_dsv4, sglang_log, sglang_plugin
 
 NEWEST, *_ = hook.MODULES
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,9 +64,12 @@ def test_enable_variable_refuses_other_values_naming_it(monkeypatch, value):
         sglang_activation.sglang_enabled()
 
 
-@pytest.mark.parametrize("value, ops", [(None, ("get", "set")), ("", ("get", "set")), ("  ", ("get", "set")),
+ALL = ("get", "set", "dsv4_bf16", "dsv4_fp8")
+
+
+@pytest.mark.parametrize("value, ops", [(None, ALL), ("", ALL), ("  ", ALL),
                                         ("get", ("get",)), ("SET", ("set",)), (" set , get", ("get", "set")),
-                                        ("get,get", ("get",))])
+                                        ("get,get", ("get",)), ("dsv4_fp8,get", ("get", "dsv4_fp8"))])
 def test_ops_variable_selects_ops_and_empty_means_all(monkeypatch, value, ops):
     if value is None:
         monkeypatch.delenv("NVRTC_GATHER_SGLANG_OPS", raising=False)
@@ -87,7 +90,7 @@ def test_every_op_of_the_table_has_its_hook():
     """One row per op in each table: an op added to one and not the other fails here."""
     assert tuple(hook._HOOKS) == sglang_activation.ALL_OPS
     for op, (cls_name, _) in hook._HOOKS.items():
-        assert sglang_activation.OPS[op] == f"{cls_name}.execute"
+        assert sglang_activation.OPS[op] == (f"{cls_name}.execute" if cls_name else sglang_dsv4.FUNCTIONS[op])
 
 
 def test_the_entry_point_is_declared_in_sglangs_group():
@@ -191,7 +194,7 @@ def _lines(log: str) -> list[str]:
 def test_a_scheduler_process_hooks_both_ops_and_says_so_once_in_sglangs_log(tmp_path):
     got = _scheduler(tmp_path)
     assert got["hooked"] == {"GetKAndS.execute": NEWEST, "SetKAndS.execute": NEWEST}
-    assert got["plugin"] == {"ran": True, "ops": ["get", "set"], "off": None, "failed": None, "pending_log": []}
+    assert got["plugin"] == {"ran": True, "ops": list(ALL), "off": None, "failed": None, "pending_log": []}
     line, = _lines(got["log"])
     # SGLang's format with the scheduler's prefix: logged after configure_logger, not before
     assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] nvrtc_gather \(pid \d+, MainProcess\): SGLang 0\.5\.99: "

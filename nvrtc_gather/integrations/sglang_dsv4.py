@@ -1,0 +1,118 @@
+"""SGLang's DeepSeek-V4 record gathers routed to nvrtc_gather (sglang.py's register() calls
+:func:`install` for the ops ``dsv4_bf16`` and ``dsv4_fp8``).
+
+SGLang 0.5.23 defines ``dequantize_k_cache_paged_dsv4`` and ``gather_dequant_requant_fp8_paged_dsv4``
+in ``sglang.kernels.ops.attention.dsv4.dequant_k_cache`` (Triton), and its V4 attention backends
+bind them by ``from ... import`` (``sglang.srt.layers.attention.deepseek_v4_backend``; the bf16 one
+also ``deepseek_v4_backend_hip_radix``). So the defining module's attributes are replaced (a backend
+imported later binds ours) and so is every already-imported ``sglang`` module attribute holding
+SGLang's function. The replacement serves the V4 layout on CUDA (a pool buffer of 1-byte
+elements, ids int32/int64, bf16 or fp8 e4m3fn outputs) and gives every other call, the V4.1
+layouts (``layout=``) and ROCm included, to SGLang's own function, saying why once."""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+
+import torch
+
+from ..ops import dsv4_gather
+
+DEFINING = "sglang.kernels.ops.attention.dsv4.dequant_k_cache"
+FUNCTIONS = {"dsv4_bf16": "dequantize_k_cache_paged_dsv4", "dsv4_fp8": "gather_dequant_requant_fp8_paged_dsv4"}
+_TAG = "_nvrtc_gather_original"
+_BYTES = (torch.uint8, torch.float8_e4m3fn)
+
+
+def present() -> bool:
+    """Whether this SGLang has the V4 gathers' module (found without importing it)."""
+    try:
+        return importlib.util.find_spec(DEFINING) is not None
+    except (ImportError, ValueError):  # a parent package missing: no V4 in this release
+        return False
+
+
+def install(op: str, leave) -> str | None:
+    """Replace the function of ``op`` where SGLang keeps it; its name, or None (said through
+    ``leave(method, reason, detail)``) where this SGLang has none or its module fails to import."""
+    name = FUNCTIONS[op]
+    if not present():
+        return None  # a release without DeepSeek-V4: nothing to replace, nothing to say
+    try:
+        module = importlib.import_module(DEFINING)
+    except Exception as e:  # noqa: BLE001  no V4 in this release, or a dependency missing: SGLang's own
+        leave(name, "absent" if isinstance(e, ImportError) else "import",
+              f"{DEFINING} does not import here ({type(e).__name__}: {e})")
+        return None
+    original = getattr(module, name, None)
+    if original is None:
+        leave(name, "absent", f"{DEFINING} has no {name}")
+        return None
+    original = getattr(original, _TAG, original)
+    ours = getattr(module, name) if hasattr(getattr(module, name), _TAG) else _wrap(name, original, leave)
+    for mod in [module] + [m for k, m in list(sys.modules.items()) if k.startswith("sglang.") and m is not module]:
+        if getattr(mod, name, None) is original:
+            setattr(mod, name, ours)
+    return name
+
+
+def uninstall() -> None:
+    """SGLang's own functions back, in every sglang module holding ours."""
+    for key, mod in list(sys.modules.items()):
+        if not key.startswith("sglang."):
+            continue
+        for name in FUNCTIONS.values():
+            f = getattr(mod, name, None)
+            if f is not None and hasattr(f, _TAG):
+                setattr(mod, name, getattr(f, _TAG))
+
+
+def _unserved(cache, ids, out, fp8: bool, layout) -> tuple[str, str] | None:
+    if layout is not None and str(getattr(layout, "name", layout)).upper() != "V4":
+        return "layout", f"the {getattr(layout, 'name', layout)} layout (V4.1: SGLang's SM100 kernels)"
+    if torch.version.hip is not None:
+        return "ROCm", f"torch {torch.__version__} is a ROCm build"
+    if not isinstance(cache, torch.Tensor) or cache.dtype not in _BYTES or cache.device.type != "cuda":
+        return "cache", f"a {getattr(cache, 'dtype', type(cache).__name__)} cache on " \
+                        f"{getattr(getattr(cache, 'device', None), 'type', '?')} (we serve 1-byte CUDA buffers)"
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        return "ids", f"page_table_1_flattened of {getattr(ids, 'dtype', type(ids).__name__)}"
+    if out is not None and getattr(out, "dtype", None) != (torch.float8_e4m3fn if fp8 else torch.bfloat16):
+        return "out dtype", f"out of {getattr(out, 'dtype', type(out).__name__)}"
+    return None
+
+
+def _wrap(name: str, original, leave):
+    fp8 = name == FUNCTIONS["dsv4_fp8"]
+
+    @functools.wraps(original)
+    def gather(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs):
+        try:
+            if fp8:
+                extra_rows, out, layout = _fp8_args(*args, **kwargs)
+            else:
+                out, layout = _bf16_args(*args, **kwargs)
+                extra_rows = 0
+        except TypeError:
+            leave(name, "call", "a call with other arguments")
+            return original(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs)
+        why = _unserved(quant_k_cache, page_table_1_flattened, out, fp8, layout)
+        if why is not None:
+            leave(name, *why)
+            return original(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs)
+        return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8)
+
+    setattr(gather, _TAG, original)
+    return gather
+
+
+def _bf16_args(out=None, layout=None):
+    """dequantize_k_cache_paged_dsv4's arguments after the first three (0.5.23)."""
+    return out, layout
+
+
+def _fp8_args(extra_rows=0, out=None):
+    """gather_dequant_requant_fp8_paged_dsv4's arguments after the first three (0.5.23)."""
+    return extra_rows, out, None

@@ -1,0 +1,98 @@
+"""The SGLang hook of DeepSeek-V4's record gathers (integrations/sglang_dsv4.py) on a stand-in of
+SGLang 0.5.23's modules: register() replaces both functions in the defining module and in a backend
+that bound them by ``from ... import``; calls we serve give the reference bytes on CPU... are left to
+SGLang (CPU tensors are SGLang's: its Triton kernels), the V4.1 layouts and other dtypes go to
+SGLang's own function, unregister() restores it, and a release without V4 hooks nothing and says
+nothing."""
+import importlib.machinery
+import sys
+import types
+
+import pytest
+import torch
+
+from helpers import dsv4_reference as ref
+from nvrtc_gather.integrations import sglang as hook
+from nvrtc_gather.integrations import sglang_dsv4
+
+DEFINING = sglang_dsv4.DEFINING
+BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
+
+
+def _module(name, **attrs):
+    m = types.ModuleType(name)
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    m.__dict__.update(attrs)
+    return m
+
+
+@pytest.fixture
+def v4(monkeypatch, standin):
+    standin((hook.MODULES[0],))  # an accessor module, so that register() finds this "SGLang"
+    calls = []
+
+    def dequantize_k_cache_paged_dsv4(quant_k_cache, page_table_1_flattened, page_size, out=None, layout="V4"):
+        calls.append(("bf16", layout))
+        return "sglang's"
+
+    def gather_dequant_requant_fp8_paged_dsv4(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0,
+                                              out=None):
+        calls.append(("fp8", extra_rows))
+        return "sglang's"
+
+    fns = dict(dequantize_k_cache_paged_dsv4=dequantize_k_cache_paged_dsv4,
+               gather_dequant_requant_fp8_paged_dsv4=gather_dequant_requant_fp8_paged_dsv4)
+    parts = DEFINING.split(".")
+    for i in range(2, len(parts)):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, _module(name))
+    monkeypatch.setitem(sys.modules, DEFINING, _module(DEFINING, **fns))
+    monkeypatch.setitem(sys.modules, BACKEND, _module(BACKEND, **fns))  # bound before register()
+    yield calls, fns
+    hook.unregister()
+
+
+def test_register_replaces_both_functions_where_sglang_binds_them(v4):
+    calls, fns = v4
+    hook.register()
+    for mod in (sys.modules[DEFINING], sys.modules[BACKEND]):
+        for name, original in fns.items():
+            assert getattr(mod, name) is not original and getattr(mod, name).__wrapped__ is original
+    assert {"dequantize_k_cache_paged_dsv4", "gather_dequant_requant_fp8_paged_dsv4"} <= set(hook.status()["hooked"])
+    hook.unregister()
+    for mod in (sys.modules[DEFINING], sys.modules[BACKEND]):
+        for name, original in fns.items():
+            assert getattr(mod, name) is original
+
+
+def test_calls_we_do_not_serve_go_to_sglang_and_say_why(v4):
+    calls, _ = v4
+    hook.register()
+    mod = sys.modules[BACKEND]
+    cache = ref.build_cache("v4", 3, 16, seed=1)
+    ids = torch.tensor([0, 5])
+    assert mod.dequantize_k_cache_paged_dsv4(cache, ids, 16, layout="V41") == "sglang's"  # V4.1: SM100, SGLang's
+    assert mod.dequantize_k_cache_paged_dsv4(cache, ids, 16) == "sglang's"  # CPU tensors: SGLang's path
+    assert mod.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 16, 1) == "sglang's"
+    assert calls == [("bf16", "V41"), ("bf16", "V4"), ("fp8", 1)]
+    left = hook.status()["left_to_sglang"]
+    assert "layout" in left["dequantize_k_cache_paged_dsv4"] and "cache" in left["dequantize_k_cache_paged_dsv4"]
+
+
+def test_the_ops_variable_names_each_function(v4):
+    _, fns = v4
+    hook.register(ops="dsv4_fp8")
+    mod = sys.modules[DEFINING]
+    assert mod.dequantize_k_cache_paged_dsv4 is fns["dequantize_k_cache_paged_dsv4"]
+    assert mod.gather_dequant_requant_fp8_paged_dsv4 is not fns["gather_dequant_requant_fp8_paged_dsv4"]
+
+
+def test_a_release_without_v4_hooks_nothing_and_says_nothing(standin):
+    standin((hook.MODULES[0],))
+    hook.register()
+    try:
+        st = hook.status()
+        assert not set(sglang_dsv4.FUNCTIONS.values()) & (set(st["hooked"]) | set(st["left_to_sglang"]))
+    finally:
+        hook.unregister()
