@@ -145,3 +145,28 @@ def test_cuda_graph_replay_gathers_the_new_contents():
     want = torch.zeros(2, 300, 512, dtype=torch.bfloat16)
     ref.dequantize_and_gather_k_cache(want, ref.vllm_view(fresh, 64), sl.cpu(), None, bt.cpu(), 64, 0)
     assert torch.equal(vout.cpu().view(torch.int16), want.view(torch.int16))
+
+
+def test_the_hook_on_real_sglang_replaces_its_functions_with_the_same_bytes():
+    import importlib
+    from nvrtc_gather.integrations import sglang_dsv4
+    try:
+        mod = importlib.import_module(sglang_dsv4.DEFINING)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"SGLang's {sglang_dsv4.DEFINING} does not import here: {type(e).__name__}: {e}")
+    theirs = {n: getattr(mod, n) for n in sglang_dsv4.FUNCTIONS.values()}
+    cache = ref.build_cache("v4", 30, 64, seed=9, scale_range=(0, 255)).cuda()
+    ids = ref.random_token_ids(30, 64, 700, seed=9, dtype=torch.int32).cuda()
+    try:
+        sg.register(ops="dsv4_bf16,dsv4_fp8")
+        assert set(theirs) <= set(sg.status()["hooked"])
+        got = mod.dequantize_k_cache_paged_dsv4(cache, ids, 64)
+        got8 = mod.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 64, 1)
+        assert sg.status()["left_to_sglang"].get("dequantize_k_cache_paged_dsv4") is None
+    finally:
+        sg.unregister()
+    assert getattr(mod, "dequantize_k_cache_paged_dsv4") is theirs["dequantize_k_cache_paged_dsv4"]
+    want = theirs["dequantize_k_cache_paged_dsv4"](cache, ids, 64)
+    want8 = theirs["gather_dequant_requant_fp8_paged_dsv4"](cache, ids, 64, 1)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(got8.view(torch.uint8), want8.view(torch.uint8))
