@@ -198,7 +198,8 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
             if (lane >= d) inc = min(inc + y, cap);
         }
         inc = min(inc + carry, cap);
-        const u32 excl = lane ? (u32)__shfl_sync(0xffffffffu, (int)inc, lane - 1) : carry;
+        const u32 prev = (u32)__shfl_sync(0xffffffffu, (int)inc, lane ? lane - 1 : 0);  // every lane shuffles
+        const u32 excl = lane ? prev : carry;
         const u32 m = __ballot_sync(0xffffffffu, r < (u32)p.batch && inc > (u32)row);
         if (m && rq < 0) {
             const int k = __ffs(m) - 1;

@@ -119,6 +119,7 @@ static unsigned long long atomicCAS(unsigned long long* p, unsigned long long cm
 
 struct EmuBlock {
     std::barrier<> block{NG_EMU_THREADS};
+    unsigned long long seq[NG_EMU_THREADS];  // each thread's count of warp-collective calls (divergence check)
     std::vector<std::barrier<>*> warps;
     unsigned int lanes[NG_EMU_THREADS];
     int votes[NG_EMU_THREADS];
@@ -128,6 +129,17 @@ struct EmuBlock {
 static EmuBlock* emu_block;
 
 static void __syncthreads() { emu_block->block.arrive_and_wait(); }
+
+// A warp-collective call (shuffle, ballot) made by some lanes of a warp and not others is
+// undefined on the GPU (it hung the H200 once); here the lanes would pair calls from different
+// places. Each thread counts its collective calls in its block; lanes whose counts differ at a
+// call are a divergence, counted for emu_divergent().
+static thread_local unsigned long long emu_collectives = 0;
+static std::atomic<int> emu_divergent_count{0};
+static void emu_warp_enter(unsigned int t) { emu_block->seq[t] = ++emu_collectives; }
+static void emu_warp_check(unsigned int t) {
+    if (emu_block->seq[t] != emu_block->seq[t & ~31u]) emu_divergent_count++;
+}
 // A barrier that also returns whether pred was non-zero in any thread of the block.
 static int __syncthreads_or(int pred) {
     emu_block->votes[threadIdx.x] = pred != 0;
@@ -141,7 +153,9 @@ static unsigned int __shfl_xor_sync(unsigned int mask, unsigned int v, int lane_
     if (mask != 0xffffffffu) throw "only full-warp shuffles are emulated";
     const unsigned int t = threadIdx.x, warp = t / 32;
     emu_block->lanes[t] = v;
+    emu_warp_enter(t);
     emu_block->warps[warp]->arrive_and_wait();
+    emu_warp_check(t);
     const unsigned int r = emu_block->lanes[(t & ~31u) | ((t & 31u) ^ (unsigned int)lane_mask)];
     emu_block->warps[warp]->arrive_and_wait();
     return r;
@@ -151,7 +165,9 @@ static int __shfl_sync(unsigned int mask, int v, int src_lane) {
     if (mask != 0xffffffffu) throw "only full-warp shuffles are emulated";
     const unsigned int t = threadIdx.x, warp = t / 32;
     emu_block->lanes[t] = (unsigned int)v;
+    emu_warp_enter(t);
     emu_block->warps[warp]->arrive_and_wait();
+    emu_warp_check(t);
     const int r = (int)emu_block->lanes[(t & ~31u) | ((unsigned int)src_lane & 31u)];
     emu_block->warps[warp]->arrive_and_wait();
     return r;
@@ -161,7 +177,9 @@ static unsigned int __ballot_sync(unsigned int mask, bool pred) {
     if (mask != 0xffffffffu) throw "only full-warp ballots are emulated";
     const unsigned int t = threadIdx.x, warp = t / 32;
     emu_block->lanes[t] = pred;
+    emu_warp_enter(t);
     emu_block->warps[warp]->arrive_and_wait();
+    emu_warp_check(t);
     unsigned int r = 0;
     for (unsigned int l = 0; l < 32; ++l) r |= (emu_block->lanes[warp * 32 + l] ? 1u : 0u) << l;
     emu_block->warps[warp]->arrive_and_wait();
@@ -177,6 +195,9 @@ typedef void (*EmuKernel)(const KERNEL_PARAMS);
 
 // Misaligned vector accesses since the last call.
 extern "C" int emu_faults() { return emu_fault_count.exchange(0); }
+
+// Warp-collective calls some lanes of a warp made and others did not, since the last call.
+extern "C" int emu_divergent() { return emu_divergent_count.exchange(0); }
 
 // __ldg's outside the bounds since the last call.
 extern "C" int emu_oob() { return emu_oob_count.exchange(0); }
@@ -216,6 +237,7 @@ static void emu_run(int n, const EmuKernel* kernels, const char* params, const i
                 gridDim.x = (unsigned int)grids[i];
                 for (int b = 0; b < max(grids[i], 1); ++b) {
                     blockIdx.x = (unsigned int)b;
+                    emu_collectives = 0;
                     if (b < grids[i]) kernels[i](p);
                     next_block.arrive_and_wait();
                 }

@@ -68,6 +68,7 @@ def emulator(tmp_path_factory, defines: tuple = (), kernel: str = "quant", modul
     dll.emu_launch.restype = ctypes.c_int
     dll.emu_faults.restype = ctypes.c_int
     dll.emu_oob.restype = ctypes.c_int
+    dll.emu_divergent.restype = ctypes.c_int
     dll.emu_set_bounds.argtypes = (ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)
     dll.emu_set_bounds.restype = None
     dll.emu_launch_isolated.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_int,
@@ -86,3 +87,4 @@ def emu_launch(dll, params, entry: str, grid: int, fields: dict, err_ptr: int = 
     packed = params.pack(**fields, error=err_ptr)
     assert dll.emu_launch(fn, packed, grid) == params.layout.size  # the C++ struct has the same size
     assert dll.emu_faults() == 0, "misaligned vector load or store"
+    assert dll.emu_divergent() == 0, "a warp shuffle or ballot that some lanes of a warp skipped"
