@@ -58,5 +58,23 @@ def shape_for(head_dim: int, num_rows: int, sm_count: int) -> tuple[int, str]:
     return tpc, "tiny" if entry.endswith("_tiny") else "wide" if entry.endswith("_wide") else ""
 
 
+def shape_rule(head_dim: int, sm_count: int):
+    """shape_for of one layout as a function of the row count alone, its constants bound once (a
+    call's host cost: it runs on every call)."""
+    most = max(1, min(THREADS, gather.BYTES_PER_CTA // head_dim))
+    wave, floor, two_sms = most * sm_count * gather.CTAS_PER_SM, gather.MIN_TOKENS_PER_CTA, 2 * sm_count
+    wide_ok = 2 * most <= THREADS and 2 * most * head_dim > gather.BYTES_PER_CTA
+    tiny = (floor, "tiny") if floor * head_dim < gather.BYTES_PER_CTA else (floor, "")
+
+    def rule(n: int) -> tuple[int, str]:
+        if wide_ok and wave >= n > wave * 3 // 4:
+            return 2 * most, "wide"
+        spread = -(-n // two_sms)
+        if spread <= floor:
+            return tiny if most >= floor else (most, "")
+        return (spread, "") if spread < most else (most, "")
+    return rule
+
+
 def grid(num_rows: int, tokens_per_cta: int) -> int:
     return -(-num_rows // tokens_per_cta)

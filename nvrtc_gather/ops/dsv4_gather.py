@@ -19,7 +19,7 @@ import torch
 from .. import settings
 from ..jit import runtime
 from ..kernels import dsv4_gather as spec
-from . import checks, fake_checks, library
+from . import checks, fake_checks, fast_path, library
 from .dsv4_gather_torch import flat_torch, paged_torch
 
 _U8, _FP8, _BF16, _I32, _I64 = torch.uint8, torch.float8_e4m3fn, torch.bfloat16, torch.int32, torch.int64
@@ -193,6 +193,23 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return torch.ops.nvrtc_gather.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table,
                                                                     block_size, offset)
+    try:  # a call whose metadata was seen: only the pointer checks (fast_path.py)
+        key = (out.device, out.dtype, out.shape, out.stride(), k_cache.device, k_cache.dtype, k_cache.shape,
+               k_cache.stride(), seq_lens.device, seq_lens.dtype, seq_lens.shape, seq_lens.stride(),
+               None if gather_lens is None else (gather_lens.device, gather_lens.dtype, gather_lens.shape,
+                                                 gather_lens.stride()),
+               block_table.device, block_table.dtype, block_table.shape, block_table.stride(),
+               type(block_size), block_size, type(offset), offset)
+        seen = _paged_calls.get(key)
+    except (AttributeError, TypeError):  # not tensors, unhashable: the full checks name them
+        key = seen = None
+    if seen is not None:
+        layout, blocks, tail, extents = seen
+        out_p, kv_p, sl_p, bt_p = out.data_ptr(), k_cache.data_ptr(), seq_lens.data_ptr(), block_table.data_ptr()
+        gl_p = 0 if gather_lens is None else gather_lens.data_ptr()
+        if not (out_p | kv_p) & 15 and not fast_path.overlapping(out_p, (kv_p, sl_p, gl_p, bt_p), extents):
+            _launch(layout, spec.PAGED_MODULE, spec.PAGED_ENTRY, blocks, (kv_p, out_p, bt_p, sl_p, gl_p) + tail)
+            return
     layout = _remembered(k_cache, block_size, "k_cache", True)
     _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache)
     _apart(PAGED_WRITES, PAGED_READS, {"out": out, "k_cache": k_cache, "seq_lens": seq_lens,
@@ -210,10 +227,18 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
     if (out_p | out.stride(0) * 2 | out.stride(1) * 2) & 15:
         checks.aligned("out", "data pointer and row strides", out_p | out.stride(0) * 2 | out.stride(1) * 2, 16)
     tiles = spec.tiles(rows)
+    tail = (m, reqs, out.stride(1) * 2, out.stride(0) * 2, block_table.stride(0), block_table.size(1), offset, tiles)
     _launch(layout, spec.PAGED_MODULE, spec.PAGED_ENTRY, reqs * tiles,
             (k_cache.data_ptr(), out_p, block_table.data_ptr(), seq_lens.data_ptr(),
-             0 if gather_lens is None else gather_lens.data_ptr(), m, reqs, out.stride(1) * 2, out.stride(0) * 2,
-             block_table.stride(0), block_table.size(1), offset, tiles))
+             0 if gather_lens is None else gather_lens.data_ptr()) + tail)
+    if key is not None:
+        if len(_paged_calls) >= 256:
+            _paged_calls.clear()
+        spans = [_span(t) if t is not None else (0, 0) for t in (out, k_cache, seq_lens, gather_lens, block_table)]
+        _paged_calls[key] = (layout, reqs * tiles, tail, tuple(hi - lo for lo, hi in spans))
+
+
+_paged_calls: dict = {}  # vLLM's form: (layout, grid, the call's sizes, byte extents) by the call's metadata
 
 
 def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> None:

@@ -125,6 +125,7 @@ class ReadLayout(NamedTuple):
     sm_count: int
     widths: tuple        # vector width by the low 4 bits of buf's and dst_k's pointers (0: not 4-aligned)
     types: tuple         # (lengths C type, page ids C type): the module
+    shape: object        # spec.shape_rule of the layout: row count -> (rows per block, entry shape)
     image: object        # the struct image with the layout's fields
     launchers: dict      # (vector width, shape) -> launcher (per-call grid), made on first use
 
@@ -134,7 +135,8 @@ def _layout(plan: ReadPlan) -> ReadLayout:
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
     image = spec.PARAMS.image(**plan.fields)
     return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size,
-                      driver.sm_count(plan.device), widths, plan.entry_types, image, {})
+                      driver.sm_count(plan.device), widths, plan.entry_types,
+                      spec.shape_rule(plan.head_dim, driver.sm_count(plan.device)), image, {})
 
 
 def _launcher(layout: ReadLayout, vec: int, shape: str):
@@ -173,7 +175,7 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
         kv_p, k_p = buf.data_ptr(), k.data_ptr()
         vec = layout.widths[(kv_p | k_p) & 15]
         if vec:
-            tpc, shape = spec.shape_for(layout.head_dim, seq_len_sum, layout.sm_count)
+            tpc, shape = layout.shape(seq_len_sum)
             (layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape))(
                 (kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc),
                 0, -(-seq_len_sum // tpc))

@@ -58,9 +58,12 @@ def test_vllm_form_matches_the_reference(bs, with_gather_lens):
     want = _poison(torch.empty(len(seq), m, 512, dtype=torch.bfloat16))
     out = want.cuda()
     ref.dequantize_and_gather_k_cache(want, k_cache, sl, gl, bt, bs, offset)
-    ng.dequantize_and_gather_k_cache(out, k_cache.cuda(), sl.cuda(), None if gl is None else gl.cuda(),
-                                     bt.cuda(), bs, offset)
+    args = (k_cache.cuda(), sl.cuda(), None if gl is None else gl.cuda(), bt.cuda(), bs, offset)
+    ng.dequantize_and_gather_k_cache(out, *args)
     assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))  # untouched rows stay poisoned
+    again = _poison(torch.empty_like(out))  # the remembered call (pointer checks only) writes the same
+    ng.dequantize_and_gather_k_cache(again, *args)
+    assert torch.equal(again.cpu().view(torch.int16), want.view(torch.int16))
 
 
 def test_bad_indices_give_zero_rows_and_debug_mode_raises(monkeypatch):

@@ -1,5 +1,5 @@
 """An independent CPU reference of the DeepSeek-V4 MLA cache reads (issue 33), written from the
-facts in DSV4_FACTS.md (SGLang 0.5.23, vLLM 0.33.0), sharing no code with the engines or with
+facts in docs/dsv4_engines.md (SGLang 0.5.23, vLLM 0.33.0), sharing no code with the engines or with
 nvrtc_gather: numpy arithmetic, every byte offset computed from the page layout.
 
 The functions, with the engines' names and argument meaning:

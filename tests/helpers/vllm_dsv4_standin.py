@@ -1,5 +1,5 @@
 """A stand-in vLLM package tree on disk for DeepSeek-V4's ``dequantize_and_gather_k_cache``
-(integrations/vllm_dsv4.py), in each layout vLLM's wheels have (DSV4_FACTS.md §4), and a case
+(integrations/vllm_dsv4.py), in each layout vLLM's wheels have (docs/dsv4_engines.md §4), and a case
 with its reference bytes. Used by tests/integrations/test_vllm_dsv4.py (CPU) and
 tests/gpu/test_vllm_dsv4_gpu.py.
 

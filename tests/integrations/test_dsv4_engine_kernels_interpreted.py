@@ -9,7 +9,7 @@ in the whole engine): SGLang's module runs with its four ``sglang`` imports repl
 cut out of ``DequantizeAndGatherKCacheKernel`` and launched with the arguments of its ``__call__``
 (cache_utils.py:481-496).
 
-Where the interpreter's float conversions differ from the GPU's (DSV4_FACTS.md §5: fp32 -> bf16
+Where the interpreter's float conversions differ from the GPU's (docs/dsv4_engines.md §5: fp32 -> bf16
 truncates, fp8 casts neither round to even nor saturate, numpy exp2 does not flush 2^-127), the
 inputs are chosen so that no rounding happens: UE8M0 bytes 16..240 for the bf16 forms, values
 exactly representable in e4m3 for the fp8 form. The fp4 layouts round nowhere, so they take any

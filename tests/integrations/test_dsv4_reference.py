@@ -1,4 +1,4 @@
-"""The DeepSeek-V4 reference's own contract (tests/helpers/dsv4_reference.py; facts: DSV4_FACTS.md):
+"""The DeepSeek-V4 reference's own contract (tests/helpers/dsv4_reference.py; facts: docs/dsv4_engines.md):
 its conversions against torch's where they agree, and the cases the interpreted engine comparison
 cannot reach (rounding, saturation, the UE8M0 end bytes, bf16 subnormals)."""
 from __future__ import annotations

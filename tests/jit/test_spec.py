@@ -179,3 +179,15 @@ def test_cache_gather_small_calls_take_the_tiny_kernel():
     assert cache_gather.use_tiny(2048, 10, 132) and not cache_gather.use_tiny(2052, 10, 132)
     for rows in (1, 1000, 2112):
         assert cache_gather.rows_per_cta(1152, rows, 132) == cache_gather.MIN_ROWS_PER_CTA == cache_gather.WARPS
+
+
+def test_the_index_k_reads_per_call_shape_rule_is_the_gathers_policy():
+    """kernels.index_k_read.shape_rule (bound once per layout, run per call) answers as
+    shape_for (the indexer gather's tile policy) for every row count around its thresholds."""
+    from nvrtc_gather.kernels import index_k_read
+    for head_dim, sms in ((128, 132), (128, 4), (64, 78), (512, 132), (4, 1)):
+        rule = index_k_read.shape_rule(head_dim, sms)
+        wave = min(256, 16384 // head_dim) * sms * 8
+        for n in sorted({1, 7, 8, 9, 100, 1000, 2 * sms * 8, 2 * sms * 8 + 1, wave * 3 // 4, wave * 3 // 4 + 1,
+                         wave, wave + 1, 131072, 10**6, 2**31 - 300}):
+            assert rule(n) == index_k_read.shape_for(head_dim, n, sms), (head_dim, sms, n)
