@@ -38,8 +38,9 @@ def test_the_dry_run_builds_every_row_of_the_record(bench):
 def test_the_dry_run_from_the_command_line_takes_the_old_skips(run_bench, tmp_path):
     r = run_bench("--dry-run", "--skip-mla", str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert [line.split(":")[0] for line in r.stdout.splitlines()] == ["indexer"], r.stdout
-    assert json.loads((tmp_path / "dry_run.json").read_text()).keys() == {"workloads", "quant_workloads"}
+    assert [line.split(":")[0] for line in r.stdout.splitlines()] == ["indexer", "entries", "dsv4"], r.stdout
+    assert json.loads((tmp_path / "dry_run.json").read_text()).keys() == {
+        "workloads", "quant_workloads", "engine_entry_workloads", "dsv4_workloads"}
     bad = run_bench("--dry-run", "--families", "nope")
     assert bad.returncode != 0 and "no family ['nope']" in bad.stderr, bad.stderr
 

@@ -238,8 +238,9 @@ def test_pool_read_and_write_on_the_gpu_give_sglangs_own_bytes(standin, seed):
 
 @pytest.mark.gpu
 def test_gpu_page_ids_that_do_not_fit_never_read_another_page(monkeypatch):
-    """No host sync by default: the request's rows are skipped (zero, not page 1's bytes); with
-    NVRTC_GATHER_DEBUG=1 the ValueError names page_indices."""
+    """No host sync by default: a page id outside int32 gives zero rows (not page 1's bytes); a
+    length outside int32 counts as 0 rows (docs/contract.md §7: the next request's rows follow,
+    from its own page); with NVRTC_GATHER_DEBUG=1 the kernel's ValueError names the argument."""
     buf = torch.randint(0, 256, (4, 64 * 132), dtype=torch.uint8, device="cuda")
     lens = torch.tensor([10, 5], device="cuda")
     pages = torch.tensor([[2**32 + 1], [3]], device="cuda")
@@ -247,10 +248,10 @@ def test_gpu_page_ids_that_do_not_fit_never_read_another_page(monkeypatch):
     page3 = buf[3, :5 * 128].view(5, 128)
     assert torch.equal(k[10:], page3) and not k[:10].any() and not s[:10].any()
     lens64 = torch.tensor([2**32 + 10, 5], device="cuda")
-    k, _ = hook.get_index_k_scale_buffer(buf, lens64, torch.tensor([[1], [3]], device="cuda"), 15, 10)
-    assert not k[:10].any()
+    k, s = hook.get_index_k_scale_buffer(buf, lens64, torch.tensor([[1], [3]], device="cuda"), 15, 10)
+    assert torch.equal(k[:5], page3) and not k[5:].any() and not s[5:].any()  # page 1 never read
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
-    with pytest.raises(ValueError, match="page_indices: page ids must fit int32"):
+    with pytest.raises(ValueError, match=r"page_indices: row \d+ \(request 0\) maps to page 4294967297"):
         hook.get_index_k_scale_buffer(buf, lens, pages, 15, 10)
-    with pytest.raises(ValueError, match="seq_len_tensor: lengths must be >= 0"):
+    with pytest.raises(ValueError, match="seq_len_tensor: entry 0 = 4294967306 is negative or past int32"):
         hook.get_index_k_scale_buffer(buf, lens64, torch.tensor([[1], [3]], device="cuda"), 15, 10)
