@@ -43,7 +43,11 @@ def test_disable_jit_raises_on_a_miss_naming_the_warmup_command(tmp_path, monkey
     assert build.stats["compiles"] == before + 1
 
 
-def test_disable_jit_leaves_warmup_working(tmp_path, monkeypatch):
+def test_disable_jit_refuses_warmup_and_0_leaves_it_working(tmp_path, monkeypatch):
+    """warmup compiles: under NVRTC_GATHER_DISABLE_JIT=1 it refuses (exit 2, a usage error, as
+    demo does); =0 is how an image warms its cache before turning the JIT off."""
     from nvrtc_gather.cli import warmup
     monkeypatch.setenv("NVRTC_GATHER_DISABLE_JIT", "1")
+    assert warmup.main(["--arch", "sm_90", "--cache-dir", str(tmp_path / "w"), "--no-progress"]) == 2
+    monkeypatch.setenv("NVRTC_GATHER_DISABLE_JIT", "0")
     assert warmup.main(["--arch", "sm_90", "--cache-dir", str(tmp_path / "w"), "--no-progress"]) == 0

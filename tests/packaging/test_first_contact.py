@@ -27,14 +27,6 @@ def test_numpy_is_a_dependency():
     assert any(re.match(r"numpy\b", d) for d in PROJECT["dependencies"]), PROJECT["dependencies"]
 
 
-def test_readme_links_are_absolute():
-    text = (ROOT / "README.md").read_text()
-    links = re.findall(r"\]\(([^)\s]+)\)", text)
-    assert links
-    relative = [link for link in links if not re.match(r"(https?://|#|mailto:)", link)]
-    assert not relative, relative
-
-
 @pytest.mark.parametrize("command", [[], ["demo"], ["warmup"], ["cache"], ["cache", "verify"], ["info"]])
 def test_help_is_plain_text(command):
     r = subprocess.run([sys.executable, "-m", "nvrtc_gather", *command, "--help"], capture_output=True, text=True,
