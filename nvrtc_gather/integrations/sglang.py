@@ -103,9 +103,13 @@ def register(ops=None) -> tuple[str, ...]:
         v4 = sglang_dsv4.present()
         kept = [m for op, m in sglang_activation.OPS.items()
                 if m not in _state["hooked"] and (v4 or op not in sglang_dsv4.FUNCTIONS)]
-    if hooked:
-        sglang_log.announce(logging.INFO, "SGLang %s: %s in %s now run nvrtc_gather's kernels%s "
-                            "(status() says what stays with SGLang)", _release(), " and ".join(hooked), name,
+    if hooked:  # grouped by the module each lives in: "A and B in m1, C and D in m2"
+        where = {}
+        for method in hooked:
+            where.setdefault(_state["hooked"][method], []).append(method)
+        sglang_log.announce(logging.INFO, "SGLang %s: %s now run nvrtc_gather's kernels%s "
+                            "(status() says what stays with SGLang)", _release(),
+                            ", ".join(f"{' and '.join(ms)} in {m}" for m, ms in where.items()),
                             f"; {', '.join(kept)} left to SGLang" if kept else "")
     return (name,)
 

@@ -16,6 +16,7 @@ import re
 import pytest
 
 from nvrtc_gather.integrations import sglang as hook
+from nvrtc_gather.integrations import sglang_dsv4
 
 GROUP = "sglang.srt.plugins"
 
@@ -108,11 +109,13 @@ def test_a_spawned_scheduler_has_the_hook_without_user_code_and_says_so_once(ins
     got = _spawned({})
     module = next(name for name, introduced in hook.ACCESSORS
                   if tuple(map(int, release.split(".")[:3])) >= tuple(map(int, introduced.split("."))))
-    assert got["hooked"] == {"GetKAndS.execute": module, "SetKAndS.execute": module}, got["log"]
+    v4 = {f: sglang_dsv4.DEFINING for f in sglang_dsv4.FUNCTIONS.values()} if sglang_dsv4.present() else {}
+    assert got["hooked"] == {"GetKAndS.execute": module, "SetKAndS.execute": module, **v4}, got["log"]
     assert got["plugin"]["failed"] is None and got["plugin"]["pending_log"] == []
     line, = _lines(got)
+    also = (f", {' and '.join(v4)} in {re.escape(sglang_dsv4.DEFINING)}" if v4 else "")
     assert re.search(rf"TP0\] nvrtc_gather \(pid {got['pid']}[^)]*\): SGLang {re.escape(release)}: "
-                     rf"GetKAndS\.execute and SetKAndS\.execute in {re.escape(module)} now run", line), got["log"]
+                     rf"GetKAndS\.execute and SetKAndS\.execute in {re.escape(module)}{also} now run", line), got["log"]
 
 
 def test_a_spawned_scheduler_with_the_plugin_off_keeps_sglangs_kernels(installed):  # noqa: ARG001  (the fixture skips without an install)
@@ -126,4 +129,4 @@ def test_a_spawned_scheduler_hooks_only_the_ops_asked_for(installed):  # noqa: A
     got = _spawned({"NVRTC_GATHER_SGLANG_OPS": "get"})
     assert list(got["hooked"]) == ["GetKAndS.execute"]
     line, = _lines(got)
-    assert "; SetKAndS.execute left to SGLang" in line
+    assert re.search(r"; (\S+, )*SetKAndS\.execute(, \S+)* left to SGLang", line), line
