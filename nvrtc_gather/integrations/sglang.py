@@ -65,9 +65,10 @@ def register(ops=None) -> tuple[str, ...]:
     """Route SGLang's ``GetKAndS.execute`` and ``SetKAndS.execute`` to nvrtc_gather for fp8
     (uint8) index buffers in the paged layout, in the newest accessor module this SGLang has;
     returns its name (an empty tuple when SGLang's own aiter "preshuffle" layout is in use:
-    nothing is hooked then, and status() says so). ``ops``: which methods to hook, short names
-    of ``sglang_activation.OPS`` (``"get"``, ``"set"``), a comma-separated str or an iterable
-    of str; default all. Idempotent; a later call may add ops. Announces once per process what
+    nothing is hooked then, and status() says so); and, where the release has DeepSeek-V4
+    (0.5.23), its two record gathers (integrations/sglang_dsv4.py). ``ops``: which to hook,
+    short names of ``sglang_activation.OPS`` (``"get"``, ``"set"``, ``"dsv4_bf16"``,
+    ``"dsv4_fp8"``), a comma-separated str or an iterable of str; default all. Idempotent; a later call may add ops. Announces once per process what
     it hooked, in SGLang's log (integrations/sglang_log.py).
 
     Raises ImportError naming the cause: SGLang not installed; SGLang installed but the
