@@ -26,7 +26,6 @@ vLLM's own function, kept, and the reason is logged once and kept in :func:`stat
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import importlib.util
 import logging
 import os
@@ -37,6 +36,7 @@ from typing import NamedTuple
 import torch
 
 from ..ops import dsv4_gather
+from .import_hook import AfterImport
 
 NAME = "dequantize_and_gather_k_cache"
 RECORD_BYTES = 584  # DeepSeek-V4's MLA record: 448 fp8 + 64 bf16 + 8 scale bytes
@@ -224,37 +224,19 @@ def _note(why: str, k_cache) -> None:
     get_logger().info("nvrtc_gather: a call of vLLM's %s with %s goes to vLLM's own function", NAME, why)
 
 
-class _ImportHook(importlib.abc.MetaPathFinder):
+class _ImportHook(AfterImport):
     """Patches the home's defining module and the home right after each is first executed."""
 
     def __init__(self, home: Home):
+        super().__init__((home.package, home.defining))
         self.home = home
 
-    def find_spec(self, name, path, target=None):
-        if name not in (self.home.package, self.home.defining):
-            return None
-        for finder in sys.meta_path:  # the real finders locate it
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            with _lock:
-                if self not in sys.meta_path:  # unregistered meanwhile
-                    return
-                if name == self.home.defining:
-                    _patch_defining(module)
-                    return
-                sys.meta_path.remove(self)
-                _patch_loaded(self.home)
-
-        spec.loader.exec_module = exec_module
-        return spec
+    def after(self, name, module) -> None:
+        with _lock:
+            if self not in sys.meta_path:  # unregistered meanwhile
+                return
+            if name == self.home.defining:
+                _patch_defining(module)
+                return
+            sys.meta_path.remove(self)
+            _patch_loaded(self.home)

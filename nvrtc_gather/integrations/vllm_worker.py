@@ -21,7 +21,6 @@ request."""
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 import threading
 import time
@@ -35,6 +34,7 @@ from ..ops.cache_gather import KV_CACHE_DTYPES as GATHER_KV_CACHE_DTYPES
 from ..ops.indexer_k_quant import TYPE_NAMES
 from ..ops.mla_write import TYPE_NAMES as MLA_TYPE_NAMES
 from . import activation
+from .import_hook import AfterImport
 
 MODULE = "vllm.v1.worker.worker_base"
 CLASS = "WorkerWrapperBase"
@@ -144,31 +144,15 @@ def preload_worker(worker) -> None:
                             ", ".join(_state["ops"]), device, len(modules), ms)
 
 
-class _ImportHook(importlib.abc.MetaPathFinder):
+class _ImportHook(AfterImport):
     """Wraps the class right after vLLM's worker module is first executed."""
 
-    def find_spec(self, name, path, target=None):
-        if name != MODULE:
-            return None
-        for finder in sys.meta_path:  # the real finders locate it
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        execute = spec.loader.exec_module
+    def __init__(self):
+        super().__init__((MODULE,))
 
-        def exec_module(module):
-            execute(module)
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
-            _wrap(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
+    def after(self, name, module) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        _wrap(module)
