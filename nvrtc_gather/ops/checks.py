@@ -164,3 +164,14 @@ def renamed(message: str, names: dict[str, str]) -> str:
     """``message`` with each argument name of ``names`` (whole words) replaced by the caller's
     name for that argument: an entry that wraps an op raises in its own caller's terms."""
     return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], message)
+
+
+def host_int(name: str, value, *, positive: bool = False) -> int:
+    """``value`` as a host int (not a bool, float, string or tensor), >= 0 (> 0 if ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected a host int, got {type(value).__name__}"
+                        + (" (a tensor: pass the value, e.g. int(t), computed where the host already has it)"
+                           if isinstance(value, torch.Tensor) else ""))
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{name}: expected a {'positive' if positive else 'non-negative'} int, got {value}")
+    return value

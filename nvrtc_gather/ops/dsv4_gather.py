@@ -58,12 +58,7 @@ class CacheLayout(NamedTuple):
 def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayout:
     checks.tensor(name, cache)
     checks.dtype_in(name, cache, _CACHE_DTYPES)
-    if isinstance(page_size, bool) or not isinstance(page_size, int):
-        raise TypeError(f"{'block_size' if three_d else 'page_size'}: expected a host int, got "
-                        f"{type(page_size).__name__}")
-    size_name = "block_size" if three_d else "page_size"
-    if page_size < 1:
-        raise ValueError(f"{size_name}: expected a positive int, got {page_size}")
+    checks.host_int("block_size" if three_d else "page_size", page_size, positive=True)
     if three_d:
         if cache.dim() != 3 or cache.size(1) != page_size or cache.size(2) != spec.RECORD_BYTES:
             raise ValueError(f"{name}: expected uint8 [num_blocks, block_size={page_size}, {spec.RECORD_BYTES}], got "
@@ -143,9 +138,7 @@ def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool
     if ids.dtype not in _C_TYPES or ids.dim() != 1:
         checks.dtype_in("page_table_1_flattened", ids, (_I32, _I64))
         checks.rank("page_table_1_flattened", ids, 1, "[n] (flat token ids: page * page_size + slot)")
-    if isinstance(extra_rows, bool) or not isinstance(extra_rows, int) or extra_rows < 0:
-        raise (TypeError if not isinstance(extra_rows, int) else ValueError)(
-            f"extra_rows: expected a non-negative host int, got {extra_rows!r}")
+    checks.host_int("extra_rows", extra_rows)
     n = ids.size(0)
     rows = n + extra_rows
     dtype = _FP8 if fp8_out else _BF16
@@ -268,10 +261,7 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
                          f"{tuple(block_table.shape)}")
     if block_table.size(1) > 1 and block_table.stride(1) != 1:
         checks.unit_inner_stride("block_table", block_table)
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"offset: expected a host int, got {type(offset).__name__}")
-    if offset < 0:
-        raise ValueError(f"offset: expected a non-negative int, got {offset}")
+    checks.host_int("offset", offset)
     if any(t.device != k_cache.device for t in named.values()):
         checks.same_device({"k_cache": k_cache, **named})
     for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",

@@ -28,24 +28,13 @@ _INT32_MIN = -2**31
 MAX_ROWS = checks.INT32_MAX - spec.THREADS  # the kernel's last block computes its end row in 32 bits
 
 
-def host_int(name: str, value, *, positive: bool = False) -> int:
-    """``value`` as a host int (not a bool, float, string or tensor), >= 0 (> 0 if ``positive``)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a host int, got {type(value).__name__}"
-                        + (" (a tensor: pass the value, e.g. int(t), computed where the host already has it)"
-                           if isinstance(value, torch.Tensor) else ""))
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{name}: expected a {'positive' if positive else 'non-negative'} int, got {value}")
-    return value
-
-
 def layout_words(buf, page_size, index_head_dim, quant_block_size) -> int:
     """nq (fp32 scales per token) after checking the sizes and that ``buf`` is a layer's 2-D
     uint8 buffer of ``page_size`` tokens per page: per page, ``page_size * index_head_dim``
     fp8 bytes, then ``page_size * nq`` fp32 scales."""
-    host_int("page_size", page_size, positive=True)
-    host_int("index_head_dim", index_head_dim, positive=True)
-    host_int("quant_block_size", quant_block_size, positive=True)
+    checks.host_int("page_size", page_size, positive=True)
+    checks.host_int("index_head_dim", index_head_dim, positive=True)
+    checks.host_int("quant_block_size", quant_block_size, positive=True)
     if index_head_dim % quant_block_size:
         raise ValueError(f"index_head_dim: {index_head_dim} is not a multiple of quant_block_size={quant_block_size}")
     if index_head_dim % 4:
@@ -108,9 +97,9 @@ def plan_read(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quan
 
 
 def _check_call(plan: ReadPlan, seq_len_sum, max_seq_len) -> None:
-    if host_int("seq_len_sum", seq_len_sum) > MAX_ROWS:
+    if checks.host_int("seq_len_sum", seq_len_sum) > MAX_ROWS:
         raise ValueError(f"seq_len_sum: {seq_len_sum} rows exceed the supported {MAX_ROWS}")
-    if host_int("max_seq_len", max_seq_len) > plan.max_pages * plan.page_size:
+    if checks.host_int("max_seq_len", max_seq_len) > plan.max_pages * plan.page_size:
         raise ValueError(f"max_seq_len: {max_seq_len} tokens do not fit in page_indices' {plan.max_pages} "
                          f"pages of {plan.page_size}")
 
