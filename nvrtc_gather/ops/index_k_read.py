@@ -111,7 +111,6 @@ class ReadLayout(NamedTuple):
     head_dim: int
     scale_bytes: int     # 4 * nq
     max_tokens: int      # max_pages * page_size: the largest max_seq_len
-    sm_count: int
     widths: tuple        # vector width by the low 4 bits of buf's and dst_k's pointers (0: not 4-aligned)
     types: tuple         # (lengths C type, page ids C type): the module
     shape: object        # spec.shape_rule of the layout: row count -> (rows per block, entry shape)
@@ -123,9 +122,8 @@ def _layout(plan: ReadPlan) -> ReadLayout:
     low = plan.page_stride | plan.head_dim
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
     image = spec.PARAMS.image(**plan.fields)
-    return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size,
-                      driver.sm_count(plan.device), widths, plan.entry_types,
-                      spec.shape_rule(plan.head_dim, driver.sm_count(plan.device)), image, {})
+    return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size, widths,
+                      plan.entry_types, spec.shape_rule(plan.head_dim, driver.sm_count(plan.device)), image, {})
 
 
 def _launcher(layout: ReadLayout, vec: int, shape: str):
@@ -154,21 +152,9 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
         key = layout = None
     if layout is not None and type(seq_len_sum) is int and 0 <= seq_len_sum <= MAX_ROWS and \
             type(max_seq_len) is int and 0 <= max_seq_len <= layout.max_tokens:
-        # The fast path: the outputs, this call's grid, one launch. Fresh outputs cannot
-        # overlap the inputs; only buf's pointer (the layer) is new.
-        dev = buf.device
-        k = torch.empty(seq_len_sum, layout.head_dim, dtype=_U8, device=dev)
-        s = torch.empty(seq_len_sum, layout.scale_bytes, dtype=_U8, device=dev)
-        if not seq_len_sum:
-            return k, s
-        kv_p, k_p = buf.data_ptr(), k.data_ptr()
-        vec = layout.widths[(kv_p | k_p) & 15]
-        if vec:
-            tpc, shape = layout.shape(seq_len_sum)
-            (layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape))(
-                (kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc),
-                0, -(-seq_len_sum // tpc))
-            return k, s
+        out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)  # the fast path
+        if out is not None:
+            return out
     plan = plan_read(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size)
     _check_call(plan, seq_len_sum, max_seq_len)
     if plan.device < 0:
@@ -176,18 +162,33 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
         return _read_torch(plan, buf, seq_len_tensor, page_indices, seq_len_sum)
     checks.aligned("buf", "data pointer", buf.data_ptr())
     layout = _layout(plan)
-    k = torch.empty(seq_len_sum, plan.head_dim, dtype=_U8, device=buf.device)
-    s = torch.empty(seq_len_sum, 4 * plan.nq, dtype=_U8, device=buf.device)
-    if seq_len_sum:
-        kv_p, k_p = buf.data_ptr(), k.data_ptr()
-        vec = spec.vector_width(kv_p | k_p | plan.page_stride | plan.head_dim)
-        tpc, shape = spec.shape_for(plan.head_dim, seq_len_sum, layout.sm_count)
-        _launcher(layout, vec, shape)((kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(),
-                                seq_len_sum, tpc), 0, -(-seq_len_sum // tpc))
+    out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)
+    if out is None:  # buf is aligned: only an allocator handing out unaligned memory gets here
+        raise ValueError("dst: torch.empty returned outputs that are not 4-byte aligned")
     if key is not None:
         if len(_layouts) >= _MAX_LAYOUTS:
             _layouts.clear()
         _layouts[key] = layout
+    return out
+
+
+def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int):
+    """The call on a checked layout: the outputs (fresh: they cannot overlap the inputs) and one
+    launch with this call's grid; None when the pointers are not 4-byte aligned (only buf's
+    pointer, the layer's, changes between calls of a layout)."""
+    dev = buf.device
+    k = torch.empty(seq_len_sum, layout.head_dim, dtype=_U8, device=dev)
+    s = torch.empty(seq_len_sum, layout.scale_bytes, dtype=_U8, device=dev)
+    if not seq_len_sum:
+        return k, s
+    kv_p, k_p = buf.data_ptr(), k.data_ptr()
+    vec = layout.widths[(kv_p | k_p) & 15]
+    if not vec:
+        return None
+    tpc, shape = layout.shape(seq_len_sum)
+    (layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape))(
+        (kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc),
+        0, -(-seq_len_sum // tpc))
     return k, s
 
 
