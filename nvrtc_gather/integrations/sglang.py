@@ -66,7 +66,7 @@ def register(ops=None) -> tuple[str, ...]:
     (uint8) index buffers in the paged layout, in the newest accessor module this SGLang has;
     returns its name (an empty tuple when SGLang's own aiter "preshuffle" layout is in use:
     nothing is hooked then, and status() says so); and, where the release has DeepSeek-V4
-    (0.5.23), its two record gathers (integrations/sglang_dsv4.py). ``ops``: which to hook,
+    (0.5.16 on), its record gathers (integrations/sglang_dsv4.py). ``ops``: which to hook,
     short names of ``sglang_activation.OPS`` (``"get"``, ``"set"``, ``"dsv4_bf16"``,
     ``"dsv4_fp8"``), a comma-separated str or an iterable of str; default all. Idempotent; a later call may add ops. Announces once per process what
     it hooked, in SGLang's log (integrations/sglang_log.py).
@@ -103,7 +103,8 @@ def register(ops=None) -> tuple[str, ...]:
             _state["hooked"][f"{cls_name}.execute"] = name
         v4 = sglang_dsv4.present()
         kept = [m for op, m in sglang_activation.OPS.items()
-                if m not in _state["hooked"] and (v4 or op not in sglang_dsv4.FUNCTIONS)]
+                if not set(sglang_dsv4.NAMES.get(op, (m,))) & set(_state["hooked"])
+                and (v4 or op not in sglang_dsv4.FUNCTIONS)]
     if hooked:  # grouped by the module each lives in: "A and B in m1, C and D in m2"
         where = {}
         for method in hooked:

@@ -2,9 +2,12 @@
 :func:`install` for the ops ``dsv4_bf16`` and ``dsv4_fp8``).
 
 SGLang 0.5.23 defines ``dequantize_k_cache_paged_dsv4`` and ``gather_dequant_requant_fp8_paged_dsv4``
-in ``sglang.kernels.ops.attention.dsv4.dequant_k_cache`` (Triton), and its V4 attention backends
-bind them by ``from ... import`` (``sglang.srt.layers.attention.deepseek_v4_backend``; the bf16 one
-also ``deepseek_v4_backend_hip_radix``). So the defining module's attributes are replaced (a backend
+in ``sglang.kernels.ops.attention.dsv4.dequant_k_cache`` (Triton); 0.5.16-0.5.22 define the same
+functions there as ``dequantize_k_cache_paged`` (0.5.16 on) and ``gather_dequant_requant_fp8_paged``
+(0.5.19 on), with the same arguments (``layout=`` from 0.5.21) and output bits (NAMES; read in each
+release's wheel). Its V4 attention backends bind them by ``from ... import``
+(``sglang.srt.layers.attention.deepseek_v4_backend``; the bf16 one also
+``deepseek_v4_backend_hip_radix``). So the defining module's attributes are replaced (a backend
 imported later binds ours) and so is every already-imported ``sglang`` module attribute holding
 SGLang's function. The replacement serves the V4 layout on CUDA (a pool buffer of 1-byte
 elements, ids int32/int64, bf16 or fp8 e4m3fn outputs) and gives every other call, the V4.1
@@ -21,7 +24,12 @@ import torch
 from ..ops import dsv4_gather
 
 DEFINING = "sglang.kernels.ops.attention.dsv4.dequant_k_cache"
-FUNCTIONS = {"dsv4_bf16": "dequantize_k_cache_paged_dsv4", "dsv4_fp8": "gather_dequant_requant_fp8_paged_dsv4"}
+# op -> SGLang's names for its function, newest first (0.5.23's, then 0.5.16-0.5.22's). The unsuffixed
+# names also exist in sglang.kernels.ops.attention.dsa (DeepSeek-V3.2's layout): only attributes
+# holding the V4 module's own function object are replaced.
+NAMES = {"dsv4_bf16": ("dequantize_k_cache_paged_dsv4", "dequantize_k_cache_paged"),
+         "dsv4_fp8": ("gather_dequant_requant_fp8_paged_dsv4", "gather_dequant_requant_fp8_paged")}
+FUNCTIONS = {op: names[0] for op, names in NAMES.items()}  # the op's name in status() where none is found
 _TAG = "_nvrtc_gather_original"
 _BYTES = (torch.uint8, torch.float8_e4m3fn)
 
@@ -35,8 +43,9 @@ def present() -> bool:
 
 
 def install(op: str, leave) -> str | None:
-    """Replace the function of ``op`` where SGLang keeps it; its name, or None (said through
-    ``leave(method, reason, detail)``) where this SGLang has none or its module fails to import."""
+    """Replace the function of ``op`` where SGLang keeps it; the name it has in this release, or
+    None (said through ``leave(method, reason, detail)``) where this SGLang has none or its module
+    fails to import."""
     name = FUNCTIONS[op]
     if not present():
         return None  # a release without DeepSeek-V4: nothing to replace, nothing to say
@@ -46,10 +55,11 @@ def install(op: str, leave) -> str | None:
         leave(name, "absent" if isinstance(e, ImportError) else "import",
               f"{DEFINING} does not import here ({type(e).__name__}: {e})")
         return None
-    original = getattr(module, name, None)
-    if original is None:
-        leave(name, "absent", f"{DEFINING} has no {name}")
+    name = next((n for n in NAMES[op] if callable(getattr(module, n, None))), None)
+    if name is None:
+        leave(FUNCTIONS[op], "absent", f"{DEFINING} has none of {', '.join(NAMES[op])}")
         return None
+    original = getattr(module, name)
     original = getattr(original, _TAG, original)
     ours = getattr(module, name) if hasattr(getattr(module, name), _TAG) else _wrap(name, original, leave)
     for mod in [module] + [m for k, m in list(sys.modules.items()) if k.startswith("sglang.") and m is not module]:
@@ -63,7 +73,7 @@ def uninstall() -> None:
     for key, mod in list(sys.modules.items()):
         if not key.startswith("sglang."):
             continue
-        for name in FUNCTIONS.values():
+        for name in (n for names in NAMES.values() for n in names):
             f = getattr(mod, name, None)
             if f is not None and hasattr(f, _TAG):
                 setattr(mod, name, getattr(f, _TAG))
@@ -85,7 +95,7 @@ def _unserved(cache, ids, out, fp8: bool, layout) -> tuple[str, str] | None:
 
 
 def _wrap(name: str, original, leave):
-    fp8 = name == FUNCTIONS["dsv4_fp8"]
+    fp8 = name in NAMES["dsv4_fp8"]
 
     @functools.wraps(original)
     def gather(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs):
@@ -109,10 +119,10 @@ def _wrap(name: str, original, leave):
 
 
 def _bf16_args(out=None, layout=None):
-    """dequantize_k_cache_paged_dsv4's arguments after the first three (0.5.23)."""
+    """dequantize_k_cache_paged_dsv4's arguments after the first three (``layout`` from 0.5.21)."""
     return out, layout
 
 
 def _fp8_args(extra_rows=0, out=None):
-    """gather_dequant_requant_fp8_paged_dsv4's arguments after the first three (0.5.23)."""
+    """gather_dequant_requant_fp8_paged_dsv4's arguments after the first three (0.5.19-0.5.23)."""
     return extra_rows, out, None

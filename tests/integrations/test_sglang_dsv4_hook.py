@@ -1,5 +1,5 @@
-"""The SGLang hook of DeepSeek-V4's record gathers (integrations/sglang_dsv4.py) on a stand-in of
-SGLang 0.5.23's modules: register() replaces both functions in the defining module and in a backend
+"""The SGLang hook of DeepSeek-V4's record gathers (integrations/sglang_dsv4.py) on stand-ins of
+SGLang 0.5.23's modules (and of 0.5.16-0.5.22's unsuffixed names): register() replaces both functions in the defining module and in a backend
 that bound them by ``from ... import``; calls we serve give the reference bytes on CPU... are left to
 SGLang (CPU tensors are SGLang's: its Triton kernels), the V4.1 layouts and other dtypes go to
 SGLang's own function, unregister() restores it, and a release without V4 hooks nothing and says
@@ -26,6 +26,15 @@ def _module(name, **attrs):
     return m
 
 
+def _parents(monkeypatch):
+    """Stand-ins of the defining module's parent packages that SGLang's import would have made."""
+    parts = DEFINING.split(".")
+    for i in range(2, len(parts)):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, _module(name))
+
+
 @pytest.fixture
 def v4(monkeypatch, standin):
     standin((hook.MODULES[0],))  # an accessor module, so that register() finds this "SGLang"
@@ -42,11 +51,7 @@ def v4(monkeypatch, standin):
 
     fns = dict(dequantize_k_cache_paged_dsv4=dequantize_k_cache_paged_dsv4,
                gather_dequant_requant_fp8_paged_dsv4=gather_dequant_requant_fp8_paged_dsv4)
-    parts = DEFINING.split(".")
-    for i in range(2, len(parts)):
-        name = ".".join(parts[:i])
-        if name not in sys.modules:
-            monkeypatch.setitem(sys.modules, name, _module(name))
+    _parents(monkeypatch)
     monkeypatch.setitem(sys.modules, DEFINING, _module(DEFINING, **fns))
     monkeypatch.setitem(sys.modules, BACKEND, _module(BACKEND, **fns))  # bound before register()
     yield calls, fns
@@ -94,5 +99,64 @@ def test_a_release_without_v4_hooks_nothing_and_says_nothing(standin):
     try:
         st = hook.status()
         assert not set(sglang_dsv4.FUNCTIONS.values()) & (set(st["hooked"]) | set(st["left_to_sglang"]))
+    finally:
+        hook.unregister()
+
+
+DSA = "sglang.kernels.ops.attention.dsa.dequant_k_cache"
+DSA_BACKEND = "sglang.srt.layers.attention.dsa_backend"
+
+
+def test_the_unsuffixed_names_of_0_5_16_to_0_5_22_are_hooked_and_v3_2s_namesakes_kept(monkeypatch, standin):
+    """0.5.19-0.5.22 name the V4 gathers without the ``_dsv4`` suffix; DeepSeek-V3.2's module (dsa)
+    has functions of the same names over another layout, bound in its backend: those stay SGLang's."""
+    standin((hook.MODULES[0],))
+
+    def dequantize_k_cache_paged(quant_k_cache, page_table_1_flattened, page_size, out=None):
+        return "sglang's v4"
+
+    def gather_dequant_requant_fp8_paged(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
+        return "sglang's v4"
+
+    def v32(*args, **kwargs):
+        return "sglang's v3.2"
+
+    _parents(monkeypatch)
+    v4_fns = dict(dequantize_k_cache_paged=dequantize_k_cache_paged,
+                  gather_dequant_requant_fp8_paged=gather_dequant_requant_fp8_paged)
+    v32_fns = dict(dequantize_k_cache_paged=v32, gather_dequant_requant_fp8_paged=v32)
+    monkeypatch.setitem(sys.modules, DEFINING, _module(DEFINING, **v4_fns))
+    monkeypatch.setitem(sys.modules, BACKEND, _module(BACKEND, **v4_fns))
+    monkeypatch.setitem(sys.modules, DSA, _module(DSA, **v32_fns))
+    monkeypatch.setitem(sys.modules, DSA_BACKEND, _module(DSA_BACKEND, **v32_fns))
+    try:
+        hook.register()
+        assert set(hook.status()["hooked"]) >= {"dequantize_k_cache_paged", "gather_dequant_requant_fp8_paged"}
+        for mod in (sys.modules[DEFINING], sys.modules[BACKEND]):
+            for name, original in v4_fns.items():
+                assert getattr(mod, name).__wrapped__ is original
+        for mod in (sys.modules[DSA], sys.modules[DSA_BACKEND]):
+            assert all(getattr(mod, name) is v32 for name in v32_fns)
+        cache = ref.build_cache("v4", 3, 16, seed=1)
+        assert sys.modules[BACKEND].dequantize_k_cache_paged(cache, torch.tensor([0, 5]), 16) == "sglang's v4"  # CPU: SGLang's
+    finally:
+        hook.unregister()
+    assert all(getattr(sys.modules[BACKEND], n) is f for n, f in v4_fns.items())
+
+
+def test_a_v4_module_with_only_the_bf16_gather_hooks_it_and_leaves_the_fp8_op(monkeypatch, standin):
+    """0.5.16-0.5.18: dequantize_k_cache_paged only; status() says the fp8 gather is absent."""
+    standin((hook.MODULES[0],))
+
+    def dequantize_k_cache_paged(quant_k_cache, page_table_1_flattened, page_size, out=None):
+        return "sglang's"
+
+    _parents(monkeypatch)
+    monkeypatch.setitem(sys.modules, DEFINING, _module(DEFINING, dequantize_k_cache_paged=dequantize_k_cache_paged))
+    try:
+        hook.register()
+        st = hook.status()
+        assert st["hooked"]["dequantize_k_cache_paged"] == DEFINING
+        assert "absent" in st["left_to_sglang"]["gather_dequant_requant_fp8_paged_dsv4"]
     finally:
         hook.unregister()

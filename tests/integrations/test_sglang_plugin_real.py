@@ -17,6 +17,7 @@ import pytest
 
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.integrations import sglang_dsv4
+from helpers.sglang_v4_releases import v4_hooks
 
 GROUP = "sglang.srt.plugins"
 
@@ -109,7 +110,7 @@ def test_a_spawned_scheduler_has_the_hook_without_user_code_and_says_so_once(ins
     got = _spawned({})
     module = next(name for name, introduced in hook.ACCESSORS
                   if tuple(map(int, release.split(".")[:3])) >= tuple(map(int, introduced.split("."))))
-    v4 = {f: sglang_dsv4.DEFINING for f in sglang_dsv4.FUNCTIONS.values()} if sglang_dsv4.present() else {}
+    v4 = v4_hooks(release)
     assert got["hooked"] == {"GetKAndS.execute": module, "SetKAndS.execute": module, **v4}, got["log"]
     assert got["plugin"]["failed"] is None and got["plugin"]["pending_log"] == []
     line, = _lines(got)

@@ -17,6 +17,7 @@ import torch
 
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.integrations import sglang_dsv4
+from helpers.sglang_v4_releases import v4_hooks
 
 FP8 = torch.float8_e4m3fn
 
@@ -60,10 +61,9 @@ def test_the_hook_lands_on_the_real_classes(accessor):
     assert names == (expected_module(release),), f"SGLang {release}"
     for cls in ("GetKAndS", "SetKAndS"):
         assert hook._TAG in getattr(module, cls).__dict__
-    v4 = {f: sglang_dsv4.DEFINING for f in sglang_dsv4.FUNCTIONS.values()} if sglang_dsv4.present() else {}
+    v4 = v4_hooks(release)
     assert hook.status()["hooked"] == {"GetKAndS.execute": names[0], "SetKAndS.execute": names[0], **v4}
-    if release.startswith("0.5.2") and int(release.split(".")[2]) >= 23:  # the releases with DeepSeek-V4
-        assert v4, f"SGLang {release} has no {sglang_dsv4.DEFINING}"
+    assert sglang_dsv4.present() == bool(v4), f"SGLang {release}"
 
 
 def _call_sites(root: str):
