@@ -25,12 +25,14 @@ import os
 import sys
 import threading
 
+from .pending_lines import PendingLines
+
 CONFIGURE = "configure_logger"
 SOURCE = "sglang.srt.utils.common"  # where every release 0.5.10-0.5.23 defines it
 _TAG = "_nvrtc_gather_log_hook"
 
-_lock = threading.Lock()
-_lines: list[dict] = []  # {"level", "msg", "args", "pid": the process that logged it, or None}
+_lock = threading.Lock()  # the wrapping of configure_logger
+_lines = PendingLines()
 
 
 def logger() -> logging.Logger:
@@ -43,28 +45,20 @@ def logger() -> logging.Logger:
 def announce(level: int, msg: str, *args) -> None:
     """Log ``msg % args``, prefixed with ``nvrtc_gather (<process>):``, once in this process
     (now, or after SGLang configures its logging) and once in each forked one."""
-    with _lock:
-        _lines.append({"level": level, "msg": msg, "args": args, "pid": None})
+    _lines.add(level, msg, args)
     if not _watch_sglang_logging() or logger().hasHandlers():
         flush()
 
 
 def pending() -> list[str]:
     """The lines not yet logged in this process (for status and tests)."""
-    pid = os.getpid()
-    with _lock:
-        return [line["msg"] % line["args"] for line in _lines if line["pid"] != pid]
+    return _lines.pending()
 
 
 def flush() -> None:
     """Log, in this process, every announced line not yet logged here."""
-    pid = os.getpid()
-    with _lock:
-        due = [line for line in _lines if line["pid"] != pid]
-        for line in due:
-            line["pid"] = pid
-    for line in due:
-        logger().log(line["level"], "nvrtc_gather (%s): " + line["msg"], process(), *line["args"])
+    for level, msg, args in _lines.take():
+        logger().log(level, "nvrtc_gather (%s): " + msg, process(), *args)
 
 
 def process() -> str:

@@ -22,24 +22,24 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 import threading
+
+from .pending_lines import PendingLines
 
 CONFIGURE = "_configure_vllm_root_logger"  # in vllm/logger.py: every configure path runs it
 _TAG = "_nvrtc_gather_log_hook"
 
-_lock = threading.Lock()
-_lines: list[dict] = []  # {"level", "msg", "args", "pid": the process that logged it, or None}
+_lock = threading.Lock()  # the wrapping of vLLM's configure function
+_lines = PendingLines()
 _logger = {"get": None}
 
 
 def announce(get_logger, level: int, msg: str, *args) -> None:
     """Log ``msg % args`` with the logger ``get_logger()`` once in this process and once in
     every process forked from it in which vLLM configures its logging."""
-    with _lock:
-        _lines.append({"level": level, "msg": msg, "args": args, "pid": None})
-        _logger["get"] = get_logger
+    _logger["get"] = get_logger
+    _lines.add(level, msg, args)
     watching = _watch_vllm_logging()
     if not watching or get_logger().hasHandlers():
         flush()
@@ -47,21 +47,13 @@ def announce(get_logger, level: int, msg: str, *args) -> None:
 
 def pending() -> list[str]:
     """The lines not yet logged in this process (for status and tests)."""
-    pid = os.getpid()
-    with _lock:
-        return [line["msg"] % line["args"] for line in _lines if line["pid"] != pid]
+    return _lines.pending()
 
 
 def flush() -> None:
     """Log, in this process, every announced line not yet logged here."""
-    pid = os.getpid()
-    with _lock:
-        due = [line for line in _lines if line["pid"] != pid]
-        for line in due:
-            line["pid"] = pid
-        get_logger = _logger["get"]
-    for line in due:
-        get_logger().log(line["level"], line["msg"], *line["args"])
+    for level, msg, args in _lines.take():
+        _logger["get"]().log(level, msg, *args)
 
 
 def _watch_vllm_logging() -> bool:

@@ -344,8 +344,7 @@ def cp_gather_cache(src_cache: torch.Tensor, dst: torch.Tensor, block_table: tor
     torch implementation with identical results that raises ValueError on such indices first.
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size,
-                                                      seq_starts)
+        return library.traced("cp_gather_cache", src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts)
     key = _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, None, batch_size) \
         if type(batch_size) is int else None
     if key is not None and _fast(key, src_cache, dst, block_table, cu_seq_lens, seq_starts, None):
@@ -375,8 +374,8 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     dimension on the same device) but never read: the kernel finds each row's request itself.
     """
     if _is_compiling():
-        return torch.ops.nvrtc_gather.gather_and_maybe_dequant_cache(
-            src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale, seq_starts)
+        return library.traced("gather_and_maybe_dequant_cache", src_cache, dst, block_table, cu_seq_lens,
+                              token_to_seq, num_tokens, kv_cache_dtype, scale, seq_starts)
     key = None
     if type(num_tokens) is int and type(kv_cache_dtype) is str:
         try:

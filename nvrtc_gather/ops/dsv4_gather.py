@@ -123,7 +123,7 @@ def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool)
         if out is None and isinstance(ids, torch.Tensor) and isinstance(cache, torch.Tensor):
             out = torch.empty(ids.size(0) + extra_rows, 1, spec.ROW_VALUES, dtype=_FP8 if fp8_out else _BF16,
                               device=cache.device)
-        torch.ops.nvrtc_gather.dsv4_gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
+        library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out)
         return out
     return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
 
@@ -184,8 +184,8 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
     the block stride padded as vLLM allocates it. One launch on CUDA tensors, no host sync;
     rows with bad indices are skipped (NVRTC_GATHER_DEBUG=1 raises); CPU tensors: ValueError."""
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table,
-                                                                    block_size, offset)
+        return library.traced("dequantize_and_gather_k_cache", out, k_cache, seq_lens, gather_lens, block_table,
+                              block_size, offset)
     try:  # a call whose metadata was seen: only the pointer checks (fast_path.py)
         key = (out.device, out.dtype, out.shape, out.stride(), k_cache.device, k_cache.dtype, k_cache.shape,
                k_cache.stride(), seq_lens.device, seq_lens.dtype, seq_lens.shape, seq_lens.stride(),

@@ -283,8 +283,7 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     ValueError on malformed ``cu_seq_lens`` or block ids before writing anything.
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table,
-                                                                      cu_seq_lens)
+        return library.traced("cp_gather_indexer_k_quant_cache", kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     try:
         key = layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
         layout = _layouts.get(key)
@@ -338,11 +337,10 @@ def gather_fake(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> None:
     if dst_k.size(0) and block_table.size(0):  # as plan_gather: only a call that writes rows
         fake_checks.check(WRITES, READS, dict(kv_cache=kv_cache, dst_k=dst_k, dst_scale=dst_scale,
                                               block_table=block_table, cu_seq_lens=cu_seq_lens))
-        if dst_k.dim() == 2 and dst_scale.dim() == 2 and dst_k.untyped_storage()._cdata == \
-                dst_scale.untyped_storage()._cdata:
+        if dst_k.dim() == 2 and dst_scale.dim() == 2 and fake_checks.shares(dst_k, dst_scale):
             ke, se = dst_k.element_size(), dst_scale.element_size()
-            checks.written_apart("dst_k", dst_k.storage_offset() * ke, dst_k.size(1) * ke, dst_k.stride(0) * ke,
-                                 "dst_scale", dst_scale.storage_offset() * se, dst_scale.size(1) * se,
+            checks.written_apart("dst_k", fake_checks.start(dst_k), dst_k.size(1) * ke, dst_k.stride(0) * ke,
+                                 "dst_scale", fake_checks.start(dst_scale), dst_scale.size(1) * se,
                                  dst_scale.stride(0) * se, min(dst_k.size(0), dst_scale.size(0)))
 
 

@@ -231,8 +231,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     slot before writing anything.
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size,
-                                                                 scale_fmt)
+        return library.traced("indexer_k_quant_and_cache", k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
     layout = key = None
     if type(quant_block_size) is int:  # a bool or an int-like object takes the full checks
         try:

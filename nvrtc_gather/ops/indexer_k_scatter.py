@@ -222,7 +222,7 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
     implementation with identical bytes that raises ValueError on such a slot before writing
     anything. Two rows for one slot: which lands is unspecified."""
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.indexer_k_scatter(k, k_scale, kv_cache, slot_mapping)
+        return library.traced("indexer_k_scatter", k, k_scale, kv_cache, slot_mapping)
     layout = key = None
     try:
         key = layout_key4(k, k_scale, kv_cache, slot_mapping)

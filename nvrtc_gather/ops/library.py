@@ -8,10 +8,19 @@ checking, where the op gives one, that no output overlaps an input (ops/fake_che
 low-level ``torch.library.Library`` API with CPU/CUDA kernels is used rather than
 ``torch.library.custom_op``: the same tracing, at a fraction of the dispatch cost per call.
 The plain Python functions stay the documented entry points; inside
-torch.compile they route themselves through these ops."""
+torch.compile they route themselves through these ops with :func:`traced`, which puts the op's
+guard ``<name>_no_overlap`` in the graph first: the fake's checks again at run time on the real
+tensors' addresses (ops/fake_checks.py says why), marked side-effecting so that no backend drops
+it. A direct ``torch.ops.nvrtc_gather.<name>`` call in a compiled graph gets the trace-time
+checks only."""
 from __future__ import annotations
 
+import re
+
 import torch
+import torch.fx
+
+from . import fake_checks
 
 NAMESPACE = "nvrtc_gather"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
@@ -41,3 +50,21 @@ def register(schema: str, fn, fake=None) -> None:
     # ``fake``) would run the fake and write nothing: ``fn`` checks it as the plain function
     # does (a tensor it reads on meta is a ValueError naming it).
     LIBRARY.impl(name, fn, "Meta", allow_override=True)
+    if fake is not None:
+        guard = f"{name}_no_overlap"
+        LIBRARY.define(guard + re.sub(r"\([a-z]!\)", "", schema[len(name):]))  # the same arguments, none written
+        for key in ("CPU", "CUDA"):
+            LIBRARY.impl(guard, lambda *args: fake_checks.on_addresses(fake, *args), key)
+        torch.library.register_fake(f"{NAMESPACE}::{guard}", _fake, lib=LIBRARY)
+        torch.fx.node.has_side_effect(getattr(torch.ops.nvrtc_gather, guard).default)
+        _GUARDS[name] = (getattr(torch.ops.nvrtc_gather, guard), getattr(torch.ops.nvrtc_gather, name))
+
+
+_GUARDS: dict = {}  # op name -> (its guard, the op)
+
+
+def traced(name: str, *args) -> None:
+    """The op ``name`` as a plain function calls it inside torch.compile: its guard, then the op."""
+    guard, op = _GUARDS[name]
+    guard(*args)
+    op(*args)

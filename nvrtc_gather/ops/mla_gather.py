@@ -234,8 +234,8 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
     torch implementation with identical results that raises ValueError on such indices first.
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table,
-                                                                           workspace_starts, batch_size, seq_starts)
+        return library.traced("cp_gather_and_upconvert_fp8_kv_cache", src_cache, dst, block_table, workspace_starts,
+                              batch_size, seq_starts)
     key = layout = None
     if type(batch_size) is int:
         try:

@@ -299,8 +299,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     implementation with identical bytes that raises ValueError on such a slot first.
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
-        return torch.ops.nvrtc_gather.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
-                                                           skip_scale, ds_scale_rule)
+        return library.traced("concat_and_cache_mla", kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                              skip_scale, ds_scale_rule)
     key = layout = None
     try:
         key = (fast_path.layout_key5(kv_c, k_pe, kv_cache, slot_mapping, scale), kv_cache_dtype, skip_scale,

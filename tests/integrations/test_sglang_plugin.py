@@ -15,6 +15,7 @@ from helpers import sglang_plugin_standin, sglang_standin
 from helpers.fresh_python import run
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.integrations import sglang_activation, sglang_dsv4, sglang_log, sglang_plugin
+from nvrtc_gather.integrations.pending_lines import PendingLines
 
 NEWEST, *_ = hook.MODULES
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def standin(tmp_path, monkeypatch):
         importlib.invalidate_caches()
         return root
     monkeypatch.setattr(sglang_plugin, "_state", {"ran": False, "ops": (), "off": None, "failed": None})
-    monkeypatch.setattr(sglang_log, "_lines", [])
+    monkeypatch.setattr(sglang_log, "_lines", PendingLines())
     yield make
     hook.unregister()
     for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:

@@ -108,3 +108,79 @@ def test_an_overlap_at_a_symbolic_offset_is_the_named_value_error():
     with pytest.raises(Exception) as info:
         fn(torch.zeros(90), torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32))
     assert "dst: its memory overlaps src_cache" in str(info.value), str(info.value)[:2000]
+
+
+def _two_storages(nbytes: int):
+    """Two torch tensors over the same bytes with different storages (torch.from_numpy twice)."""
+    import numpy as np
+
+    raw = np.random.default_rng(3).integers(0, 256, nbytes, dtype=np.uint8)
+    return raw, torch.from_numpy(raw), torch.from_numpy(raw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cp_gather_cache_dst_overlapping_the_cache_through_a_second_storage_is_refused(backend):
+    """Issue 36 item 4: a fake tensor sees two storages; the guard put in the graph checks the
+    real tensors' addresses before the op gets its copy of dst."""
+    torch._dynamo.reset()
+    raw, a, b = _two_storages(4 * 16 * 8)
+    before = raw.copy()
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    cu = torch.tensor([0, 20], dtype=torch.int32)
+
+    def step(src, dst, bt, cu):
+        ng.cp_gather_cache(src, dst, bt, cu, 1)
+        return dst.sum()
+
+    _raises_overlap(torch.compile(step, fullgraph=True, backend=backend), a.view(4, 16, 8), b[200:360].view(20, 8),
+                    bt, cu, match="dst: its memory overlaps src_cache")
+    assert (raw == before).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_indexer_k_scatter_cache_overlapping_k_through_a_second_storage_is_refused(backend):
+    """Issue 37 item 1: the same for the write ops (every op with WRITES/READS lists)."""
+    torch._dynamo.reset()
+    raw, a, b = _two_storages(2 * 16 * 132 + 8 * 128)
+    before = raw.copy()
+    k = a[:8 * 128].view(torch.float8_e4m3fn).view(8, 128)
+    kv = b[4 * 128: 4 * 128 + 2 * 16 * 132].view(2, 16, 132)  # over k's last four rows
+    scale = torch.ones(8, 1)
+    slots = torch.arange(8, dtype=torch.int64)
+
+    def step(k, scale, kv, slots):
+        ng.indexer_k_scatter(k, scale, kv, slots)
+        return kv.sum()
+
+    _raises_overlap(torch.compile(step, fullgraph=True, backend=backend), k, scale, kv, slots,
+                    match="kv_cache: its memory overlaps k")
+    assert (raw == before).all()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_each_op_traced_by_its_plain_function_gets_its_guard_in_the_graph(backend):
+    """Every registered op with a fake check has a guard, and the plain function's graph calls it."""
+    from nvrtc_gather.ops import library
+
+    assert set(library._GUARDS) >= {"cp_gather_cache", "gather_and_maybe_dequant_cache", "dsv4_gather_flat",
+                                    "dequantize_and_gather_k_cache", "cp_gather_indexer_k_quant_cache",
+                                    "indexer_k_quant_and_cache", "indexer_k_scatter",
+                                    "cp_gather_and_upconvert_fp8_kv_cache", "concat_and_cache_mla"}
+    torch._dynamo.reset()
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.backends.registry.lookup_backend(backend)(gm, example_inputs)
+
+    def step(src, dst, bt, cu):
+        ng.cp_gather_cache(src, dst, bt, cu, 1)
+        return dst.sum()
+
+    src = torch.randint(0, 256, (2, 16, 8), dtype=torch.uint8)
+    dst = torch.zeros(20, 8, dtype=torch.uint8)
+    torch.compile(step, fullgraph=True, backend=spy)(src, dst, torch.tensor([[1, 0]], dtype=torch.int32),
+                                                     torch.tensor([0, 20], dtype=torch.int32))
+    assert any("cp_gather_cache_no_overlap" in t for t in seen) and any(t.endswith("cp_gather_cache") or
+                                                                         "cp_gather_cache.default" in t for t in seen), seen
+    assert torch.equal(dst, torch.cat([src[1], src[0, :4]]))
