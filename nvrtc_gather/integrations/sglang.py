@@ -352,7 +352,7 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
         key = (buf.device, buf.dtype, buf.shape, buf.stride(), loc.device, loc.dtype, loc.shape, loc.stride(),
                index_k.device, index_k.dtype, index_k.shape, index_k.stride(), index_k_scale.device,
                index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), page_size, index_head_dim,
-               quant_block_size)
+               quant_block_size, index_k_scale.is_neg())  # a negative view of the scales: the checks
         layout = _set_layouts.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable sizes: the checks name them
         key = layout = None

@@ -281,6 +281,9 @@ def _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra) -> 
     None when an argument is not a tensor (the full checks say which)."""
     try:
         return (fast_path.layout_key4(src_cache, dst, block_table, cu_seq_lens), extra,
+                # any dtype: a conjugate or negative view (its bytes are not its values) never takes
+                # a layout remembered for plain tensors; the full checks refuse it by name
+                src_cache.is_conj() or src_cache.is_neg() or dst.is_conj() or dst.is_neg(),
                 None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
                 None if scale is None else (scale.device, scale.dtype, scale.shape))
     except (AttributeError, RuntimeError):

@@ -235,7 +235,8 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     layout = key = None
     if type(quant_block_size) is int:  # a bool or an int-like object takes the full checks
         try:
-            key = (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt)
+            key = (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt,
+                   k.is_neg())  # a float k may be a negative view (of a complex's .imag): full checks
             layout = _layouts.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
             key = None

@@ -225,7 +225,8 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
         return library.traced("indexer_k_scatter", k, k_scale, kv_cache, slot_mapping)
     layout = key = None
     try:
-        key = layout_key4(k, k_scale, kv_cache, slot_mapping)
+        key = (layout_key4(k, k_scale, kv_cache, slot_mapping),
+               k_scale.is_neg())  # fp32 scales may be a negative view (of a complex's .imag): full checks
         layout = _layouts.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
         key = None

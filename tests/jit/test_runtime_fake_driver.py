@@ -588,3 +588,59 @@ def test_cache_gather_ops_launch_what_launch_config_says_and_take_the_fast_path(
         run(*args(dst_at(0)))
     cfg = cache_gather.launch_config(cache_gather.plan_for(op, *args(dst_at(0)))._replace(device=0, rows_per_cta=8))
     assert fake.params[:spec.PARAMS.layout.size] == spec.PARAMS.pack(**cfg.fields, error=err.data_ptr())
+
+
+def _view_cases():
+    """(op module name, plan function, plan fields to set, a valid call's arguments, the argument
+    index and name made a view): tensors of the dtypes public torch makes such views of
+    (complex tensors and their .real/.imag parts)."""
+    import torch
+
+    bt, cu = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([0, 4], dtype=torch.int32)
+    gather_args = lambda: (torch.randn(2, 4, 4, dtype=torch.complex64), torch.zeros(4, 4, dtype=torch.complex64),  # noqa: E731
+                           bt, cu, 1)
+    return [
+        ("cache_gather", "cp_gather_cache", "plan_gather", {"rows_per_cta": 8}, gather_args, 0, "src_cache"),
+        ("cache_gather", "cp_gather_cache", "plan_gather", {"rows_per_cta": 8}, gather_args, 1, "dst"),
+        ("indexer_k_quant", "indexer_k_quant_and_cache", "plan_quant", {},
+         lambda: (torch.randn(2, 128), torch.zeros(2, 16, 132, dtype=torch.uint8), torch.tensor([0, 1]), 128, "ue8m0"),
+         0, "k"),
+        ("indexer_k_scatter", "indexer_k_scatter", "plan_scatter", {},
+         lambda: (torch.zeros(2, 128, dtype=torch.uint8), torch.ones(2, 1), torch.zeros(2, 16, 132, dtype=torch.uint8),
+                  torch.tensor([0, 1])), 1, "k_scale"),
+        ("mla_write", "concat_and_cache_mla", "plan_write", {},
+         lambda: (torch.randn(2, 512, dtype=torch.float16), torch.randn(2, 64, dtype=torch.float16),
+                  torch.zeros(1, 16, 656, dtype=torch.uint8),
+                  torch.tensor([0, 1]), "fp8_ds_mla", torch.ones(1)), 0, "kv_c"),
+    ]
+
+
+@pytest.mark.parametrize("view", ["conjugate", "negative"])
+@pytest.mark.parametrize("case", range(5))
+def test_a_view_whose_bytes_are_not_its_values_never_takes_a_remembered_layout(fake, monkeypatch, case, view):
+    """Issue 37 item 6 on the CUDA branch: a call remembered for plain tensors, then the same
+    metadata with a conjugate or negative view: the fast path does not serve it, the full checks
+    refuse it by name, nothing launched (before: the layout's key had no view bits)."""
+    import importlib
+
+    import torch
+
+    module_name, op, plan_name, fields, make, index, name = _view_cases()[case]
+    module = importlib.import_module(f"nvrtc_gather.ops.{module_name}")
+    real_plan = getattr(module, plan_name)
+    monkeypatch.setattr(module, plan_name, lambda *a: real_plan(*a)._replace(device=0, **fields))
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(module, "_layouts", module.LayoutMemo())
+    fake.current = 7
+    args = list(make())
+    getattr(module, op)(*args)  # validated in full, remembered
+    assert len(fake.launches) == 1 and len(module._layouts) == 1
+    if view == "conjugate":
+        if not args[index].is_complex():
+            pytest.skip("torch makes conjugate views of complex tensors only")
+        args[index] = args[index].conj()
+    else:
+        args[index] = torch._neg_view(args[index])
+    with pytest.raises(TypeError, match=rf"^{name}: expected a plain tensor, got a {view} view"):
+        getattr(module, op)(*args)
+    assert len(fake.launches) == 1
