@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The engine-version matrix: the SGLang adapter's tests against each real SGLang release (and
 # vLLM 0.33's real-package test), each in its own fresh environment; one summary line per
-# release, e.g. "engine sglang==0.5.23: 105 passed, 5 skipped". Exit 1 if any row fails. Measured on
-# the 2-core CI-like machine: 621 s in all (0.5.15 179 s, 0.5.20 130 s, 0.5.23 108 s, vLLM 127 s
-# of which its environment ~1.5 min when .venv-vllm is absent).
-#   SGLANG_RELEASES  the releases (default "0.5.15 0.5.20 0.5.23")
+# release, e.g. "engine sglang==0.5.23: 105 passed, 5 skipped". Exit 1 if any row fails.
+# The default releases: one of each layout SGLang's wheels show (read in every wheel 0.5.10-0.5.23):
+# 0.5.10 no plugin loader (register() only), nsa accessor; 0.5.12 loader, nsa accessor, a V4 pool
+# making the older single-request read; 0.5.15 srt.layers...dsa accessor; 0.5.16
+# kernels.ops...dsa accessor, V4's bf16 gather only; 0.5.20 both V4 gathers, unsuffixed names;
+# 0.5.22 pool.index_page_size, layout=; 0.5.23 kvcache accessor, _dsv4 names.
+#   SGLANG_RELEASES  the releases (default "0.5.10 0.5.12 0.5.15 0.5.16 0.5.20 0.5.22 0.5.23")
 #   MATRIX_DIR       where the environments go (default: a fresh temporary directory, removed after)
 # Each SGLang environment: scripts/setup.sh (CPU torch 2.13.0, this checkout editable), then
 # `pip install --no-deps sglang==X` plus what the accessor module's imports need on CPU
@@ -14,20 +17,21 @@
 # tried (tests/integrations/test_sglang_real.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RELEASES=${SGLANG_RELEASES:-"0.5.15 0.5.20 0.5.23"}
+RELEASES=${SGLANG_RELEASES:-"0.5.10 0.5.12 0.5.15 0.5.16 0.5.20 0.5.22 0.5.23"}
 SGLANG_IMPORT_DEPS="numpy orjson psutil pybase64 requests urllib3 idna certifi charset-normalizer triton packaging
   pillow starlette anyio sniffio msgspec pydantic pydantic-core typing-inspection annotated-types pyzmq tqdm ipython
   traitlets pygments aiohttp multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist apache-tvm-ffi
   huggingface-hub==1.33.0"
 # huggingface-hub: SGLang's configure_logger, which the plugin's test runs as a scheduler does,
 # imports huggingface_hub.utils (0.5.23; the older releases' transformers needs it anyway).
-# 0.5.15 and 0.5.20 import more at module level on the accessor's chain (sglang/__init__ ->
-# transformers with the versions they pin, torchvision.io.decode_jpeg). No CPU build of
+# 0.5.10-0.5.22 import more at module level on the accessor's chain (sglang/__init__ ->
+# transformers with the versions they pin, torchvision.io.decode_jpeg; xgrammar from 0.5.16). No CPU build of
 # torchvision for torch 2.13 is served to CI (PyPI's needs CUDA torch), so those environments get
 # tests/helpers/torchvision_standin: the few torchvision names imported at module level, nothing
 # the accessor runs.
 OLDER_IMPORT_DEPS="transformers==5.12.1 tokenizers==0.22.2 safetensors sentencepiece regex pyyaml
-  httpx httpcore h11 httpx2 httpcore2 truststore dill openai partial-json-parser einops compressed-tensors loguru gguf"
+  httpx httpcore h11 httpx2 httpcore2 truststore dill openai partial-json-parser einops compressed-tensors loguru gguf
+  xgrammar"
 if [ -n "${MATRIX_DIR:-}" ]; then WORK=$MATRIX_DIR; mkdir -p "$WORK"; else WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT; fi
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 summary=()

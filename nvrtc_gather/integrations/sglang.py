@@ -20,8 +20,8 @@ fnuz fp8, and aiter's "preshuffle" page layout, with which nothing is hooked at 
 layout we do not recognise, SGLang's older single-request call. The pool methods themselves
 are untouched, so their layer-id translation, layer-transfer waits and bf16 branch still run
 as SGLang wrote them. The page size is read as each release reads it: ``pool.index_page_size``
-where the pool has it (0.5.23: ``page_size // index_kpool``, divided again under decode
-context parallelism), else ``pool.page_size``."""
+where the pool has it (from 0.5.22: ``page_size // index_kpool``, divided again under decode
+context parallelism in 0.5.23), else ``pool.page_size``."""
 from __future__ import annotations
 
 import functools
@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 # Later releases keep the older paths as deprecated re-exports of the same classes.
 ACCESSORS = (
     ("sglang.kernels.ops.kvcache.dsa_index_k_cache", "0.5.23"),
-    ("sglang.kernels.ops.attention.dsa.index_buf_accessor", "0.5.20"),
-    ("sglang.srt.layers.attention.dsa.index_buf_accessor", "0.5.15"),
+    ("sglang.kernels.ops.attention.dsa.index_buf_accessor", "0.5.16"),
+    ("sglang.srt.layers.attention.dsa.index_buf_accessor", "0.5.13"),
     ("sglang.srt.layers.attention.nsa.index_buf_accessor", "0.5.10"),
 )
 MODULES = tuple(name for name, _ in ACCESSORS)

@@ -33,8 +33,25 @@ def release():
         pytest.skip(msg)
 
 
+FIRST_LOADER = (0, 5, 11)  # the first release with sglang/srt/plugins (read in the 0.5.10 and 0.5.11 wheels)
+
+
 @pytest.fixture(scope="module")
-def installed(release):
+def loader(release):
+    """The release, where it has SGLang's plugin loader; an older one skips (README: register())."""
+    if tuple(map(int, release.split(".")[:3])) < FIRST_LOADER:
+        pytest.skip(f"SGLang {release} has no plugin loader: register() is the way there (test_sglang_real.py)")
+    return release
+
+
+def test_a_release_before_the_loader_has_none(release):
+    """README's claim: SGLang 0.5.10 (and older) has no sglang.srt.plugins, so nothing loads the plugin."""
+    has = importlib.util.find_spec("sglang.srt.plugins") is not None
+    assert has == (tuple(map(int, release.split(".")[:3])) >= FIRST_LOADER), f"SGLang {release}"
+
+
+@pytest.fixture(scope="module")
+def installed(loader):
     """The release, where this package is installed in the environment (its entry points live in
     installed metadata: the engine matrix installs the checkout editable); a checkout on
     PYTHONPATH (the GPU machine's scripts/gpu_check.sh) has none, and the tests that need them skip."""
@@ -43,7 +60,7 @@ def installed(release):
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("nvrtc-gather is not installed here (run from a checkout on PYTHONPATH): its entry points are "
                     "not in this environment's metadata; scripts/engine_matrix.sh installs it")
-    return release
+    return loader
 
 
 def _source(module: str) -> ast.Module:
@@ -65,10 +82,11 @@ def _calls(node) -> list[str]:
             if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))]
 
 
-def test_the_release_loads_plugins_in_the_scheduler_before_it_configures_logging(release):
+def test_the_release_loads_plugins_in_the_scheduler_before_it_configures_logging(loader):
     """What the plugin and its log line rely on (README, integrations/sglang_plugin.py)."""
     import sglang.srt.plugins as plugins
 
+    release = loader
     assert plugins.GENERAL_PLUGINS_GROUP == GROUP, f"SGLang {release}"
     scheduler = _source("sglang.srt.managers.scheduler")
     body = _function(scheduler, "run_scheduler_process").body
