@@ -9,6 +9,7 @@ import torch
 
 import nvrtc_gather as ng
 from helpers import dsv4_reference as ref
+from helpers.launches import kernels_launched
 from nvrtc_gather.integrations import sglang as sg
 
 pytestmark = pytest.mark.gpu
@@ -86,19 +87,8 @@ def test_each_call_is_one_launch_without_a_sync():
     calls = [lambda: sg.dequantize_k_cache_paged_dsv4(cache, ids, 64),
              lambda: sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 64, extra_rows=1),
              lambda: ng.dequantize_and_gather_k_cache(out, k_cache, sl, None, bt, 64, 0)]
-    for call in calls:
-        call()  # load once
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for call in calls:
-                call()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(kernels) == 3, [e.name for e in kernels]
+    kernels = kernels_launched(calls)
+    assert len(kernels) == 3, kernels
 
 
 def test_sglangs_own_triton_kernels_give_the_same_bytes():

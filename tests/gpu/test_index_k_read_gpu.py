@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from helpers.launches import kernels_launched
 from nvrtc_gather.integrations import sglang as sg
 
 pytestmark = pytest.mark.gpu
@@ -63,16 +64,5 @@ def test_read_and_write_are_one_launch_without_a_sync():
     ks = torch.rand(500, device="cuda")
     calls = [lambda: sg.get_index_k_scale_buffer(buf, lens, table, total, longest),
              lambda: sg.set_index_k_scale_buffer(buf, loc, k, ks)]
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for call in calls:
-                call()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = kernels_launched(calls)
     assert len(kernels) == 2, kernels
