@@ -32,7 +32,3 @@ class PendingLines:
             for line in due:
                 line["pid"] = pid
         return [(line["level"], line["msg"], line["args"]) for line in due]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._lines.clear()
