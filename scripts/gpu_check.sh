@@ -71,7 +71,12 @@ for stage in $stages; do
       # the chunked-context gathers: bad indices, the ANY entry points, cut rows
       compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_cache_gather_gpu.py -k "bad_indices or misaligned or rows_cut or fast_path" 2>&1 \
-        | tee "$OUT/memcheck_cache_gather.log" | tail -8 || status=1 ;;
+        | tee "$OUT/memcheck_cache_gather.log" | tail -8 || status=1
+      # SGLang's index-K read and DeepSeek-V4's record gathers: bad values, small calls, vLLM's form
+      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        tests/gpu/test_index_k_read_gpu.py tests/gpu/test_dsv4_gather_gpu.py \
+        -k "bad_values or bad_indices or shape0 or shape1 or vllm_form or flat_forms" 2>&1 \
+        | tee "$OUT/memcheck_index_k_v4.log" | tail -8 || status=1 ;;
     racecheck)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide" 2>&1 | tee "$OUT/racecheck.log" | tail -5 || status=1
