@@ -29,8 +29,10 @@ VARIABLES = {
     VLLM_ENV: "boolean, default on: the vLLM plugin replaces vLLM's cache ops (integrations/vllm.py)",
     VLLM_OPS_ENV: "which of vLLM's ops the plugin replaces, comma-separated: gather, quant, mla_write, mla_gather, "
                   "cp_gather, dequant_gather, dsv4_gather (unset or empty: all seven)",
-    SGLANG_ENV: "boolean, default on: the SGLang plugin hooks SGLang's index-K accessor (integrations/sglang_plugin.py)",
-    SGLANG_OPS_ENV: "which of SGLang's accessor methods the plugin hooks, comma-separated: get, set (empty or unset: all)",
+    SGLANG_ENV: "boolean, default on: the SGLang plugin hooks SGLang's index-K accessor and DeepSeek-V4 gathers "
+                "(integrations/sglang_plugin.py)",
+    SGLANG_OPS_ENV: "which of SGLang's functions the plugin hooks, comma-separated: get, set, dsv4_bf16, dsv4_fp8 "
+                    "(empty or unset: all)",
 }
 BOOLEAN_VARIABLES = (DISABLE_CACHE_ENV, DISABLE_JIT_ENV, DEBUG_ENV, VLLM_ENV, SGLANG_ENV)
 _DEFAULT_ON = (VLLM_ENV, SGLANG_ENV)

@@ -134,3 +134,15 @@ def test_nothing_is_printed_when_the_application_configured_no_logging(tmp_path)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and r.stdout == ""
+
+
+def test_the_sglang_ops_variable_names_every_op_the_plugin_can_hook():
+    """The same for NVRTC_GATHER_SGLANG_OPS and integrations/sglang_activation.py (it once said
+    "get, set" after the DeepSeek-V4 gathers joined)."""
+    import re
+
+    from nvrtc_gather.integrations import sglang_activation
+
+    text = settings.VARIABLES[settings.SGLANG_OPS_ENV]
+    listed = re.findall(r"[a-z_][a-z0-9_]*", text.split(":", 1)[1].split("(")[0])
+    assert listed == list(sglang_activation.OPS), text
