@@ -26,11 +26,12 @@ SGLANG_IMPORT_DEPS="numpy orjson psutil pybase64 requests urllib3 idna certifi c
 # huggingface-hub: SGLang's configure_logger, which the plugin's test runs as a scheduler does,
 # imports huggingface_hub.utils (0.5.23; the older releases' transformers needs it anyway).
 # 0.5.10-0.5.22 import more at module level on the accessor's chain (sglang/__init__ ->
-# transformers with the versions they pin, torchvision.io.decode_jpeg; xgrammar from 0.5.16). No CPU build of
+# transformers with the versions they pin, torchvision.io.decode_jpeg; xgrammar from 0.5.16), and
+# every release's attention backends (0.5.23's DeepSeek-V4 backend included) need them too. No CPU build of
 # torchvision for torch 2.13 is served to CI (PyPI's needs CUDA torch), so those environments get
 # tests/helpers/torchvision_standin: the few torchvision names imported at module level, nothing
 # the accessor runs.
-OLDER_IMPORT_DEPS="transformers==5.12.1 tokenizers==0.22.2 safetensors sentencepiece regex pyyaml
+MORE_IMPORT_DEPS="transformers==5.12.1 tokenizers==0.22.2 safetensors sentencepiece regex pyyaml
   httpx httpcore h11 httpx2 httpcore2 truststore dill openai partial-json-parser einops compressed-tensors loguru gguf
   xgrammar"
 if [ -n "${MATRIX_DIR:-}" ]; then WORK=$MATRIX_DIR; mkdir -p "$WORK"; else WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT; fi
@@ -50,8 +51,7 @@ for v in $RELEASES; do
     t0=$(date +%s)
     venv="$WORK/sglang-$v"
     log="$WORK/sglang-$v.log"
-    extra=""
-    case $v in 0.5.1[0-9]|0.5.2[0-2]) extra=$OLDER_IMPORT_DEPS ;; esac
+    extra=$MORE_IMPORT_DEPS  # every release: the V4 backends' imports too (test_sglang_real.py)
     if ! { VENV="$venv" bash scripts/setup.sh && "$venv/bin/python" -m pip install -q --no-deps "sglang==$v" $SGLANG_IMPORT_DEPS $extra \
            && { [ -z "$extra" ] || cp -r tests/helpers/torchvision_standin/torchvision \
                 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; }; } > "$log" 2>&1; then

@@ -66,7 +66,7 @@ def register(ops=None) -> tuple[str, ...]:
     (uint8) index buffers in the paged layout, in the newest accessor module this SGLang has;
     returns its name (an empty tuple when SGLang's own aiter "preshuffle" layout is in use:
     nothing is hooked then, and status() says so); and, where the release has DeepSeek-V4
-    (0.5.16 on), its record gathers (integrations/sglang_dsv4.py). ``ops``: which to hook,
+    (0.5.13 on), its record gathers (integrations/sglang_dsv4.py). ``ops``: which to hook,
     short names of ``sglang_activation.OPS`` (``"get"``, ``"set"``, ``"dsv4_bf16"``,
     ``"dsv4_fp8"``), a comma-separated str or an iterable of str; default all. Idempotent; a later call may add ops. Announces once per process what
     it hooked, in SGLang's log (integrations/sglang_log.py).
@@ -90,7 +90,7 @@ def register(ops=None) -> tuple[str, ...]:
                 if fname is not None:
                     if fname not in _state["hooked"]:
                         hooked.append(fname)
-                    _state["hooked"][fname] = sglang_dsv4.DEFINING
+                    _state["hooked"][fname] = sglang_dsv4.defining()
                 continue
             cls_name, make = _HOOKS[op]
             cls = getattr(module, cls_name, None)

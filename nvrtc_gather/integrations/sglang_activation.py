@@ -21,7 +21,7 @@ OPS_ENV = settings.SGLANG_OPS_ENV
 OPS = {
     "get": "GetKAndS.execute",
     "set": "SetKAndS.execute",
-    "dsv4_bf16": "dequantize_k_cache_paged_dsv4",          # DeepSeek-V4: sglang_dsv4.py (0.5.16-0.5.22: no _dsv4)
+    "dsv4_bf16": "dequantize_k_cache_paged_dsv4",          # DeepSeek-V4: sglang_dsv4.py (0.5.13-0.5.22: no _dsv4)
     "dsv4_fp8": "gather_dequant_requant_fp8_paged_dsv4",
 }
 ALL_OPS = tuple(OPS)

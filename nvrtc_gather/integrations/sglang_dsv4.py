@@ -4,8 +4,10 @@
 SGLang 0.5.23 defines ``dequantize_k_cache_paged_dsv4`` and ``gather_dequant_requant_fp8_paged_dsv4``
 in ``sglang.kernels.ops.attention.dsv4.dequant_k_cache`` (Triton); 0.5.16-0.5.22 define the same
 functions there as ``dequantize_k_cache_paged`` (0.5.16 on) and ``gather_dequant_requant_fp8_paged``
-(0.5.19 on), with the same arguments (``layout=`` from 0.5.21) and output bits (NAMES; read in each
-release's wheel). Its V4 attention backends bind them by ``from ... import``
+(0.5.19 on), and 0.5.13-0.5.15 define ``dequantize_k_cache_paged`` in
+``sglang.srt.layers.attention.dsv4.dequant_k_cache``: the same arguments (``layout=`` from 0.5.21)
+and output bits throughout (MODULES, NAMES; read in each release's wheel). Its V4 attention
+backends bind them by ``from ... import``
 (``sglang.srt.layers.attention.deepseek_v4_backend``; the bf16 one also
 ``deepseek_v4_backend_hip_radix``). So the defining module's attributes are replaced (a backend
 imported later binds ours) and so is every already-imported ``sglang`` module attribute holding
@@ -23,10 +25,11 @@ import torch
 
 from ..ops import dsv4_gather
 
-DEFINING = "sglang.kernels.ops.attention.dsv4.dequant_k_cache"
-# op -> SGLang's names for its function, newest first (0.5.23's, then 0.5.16-0.5.22's). The unsuffixed
-# names also exist in sglang.kernels.ops.attention.dsa (DeepSeek-V3.2's layout): only attributes
-# holding the V4 module's own function object are replaced.
+MODULES = ("sglang.kernels.ops.attention.dsv4.dequant_k_cache",  # 0.5.16 on
+           "sglang.srt.layers.attention.dsv4.dequant_k_cache")  # 0.5.13-0.5.15
+# op -> SGLang's names for its function, newest first (0.5.23's, then 0.5.13-0.5.22's). The
+# unsuffixed names also exist in the dsa modules (DeepSeek-V3.2's layout): only attributes holding
+# the V4 module's own function object are replaced.
 NAMES = {"dsv4_bf16": ("dequantize_k_cache_paged_dsv4", "dequantize_k_cache_paged"),
          "dsv4_fp8": ("gather_dequant_requant_fp8_paged_dsv4", "gather_dequant_requant_fp8_paged")}
 FUNCTIONS = {op: names[0] for op, names in NAMES.items()}  # the op's name in status() where none is found
@@ -34,30 +37,38 @@ _TAG = "_nvrtc_gather_original"
 _BYTES = (torch.uint8, torch.float8_e4m3fn)
 
 
+def defining() -> str | None:
+    """The module this SGLang keeps the V4 gathers in (found without importing it), or None."""
+    for name in MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except (ImportError, ValueError):  # a parent package missing: not in this release
+            continue
+    return None
+
+
 def present() -> bool:
-    """Whether this SGLang has the V4 gathers' module (found without importing it)."""
-    try:
-        return importlib.util.find_spec(DEFINING) is not None
-    except (ImportError, ValueError):  # a parent package missing: no V4 in this release
-        return False
+    """Whether this SGLang has DeepSeek-V4's gathers."""
+    return defining() is not None
 
 
 def install(op: str, leave) -> str | None:
-    """Replace the function of ``op`` where SGLang keeps it; the name it has in this release, or
-    None (said through ``leave(method, reason, detail)``) where this SGLang has none or its module
+    """Replace the function of ``op`` where SGLang keeps it (``defining()``); the name it has in
+    this release, or None (said through ``leave(method, reason, detail)``) where this SGLang has none or its module
     fails to import."""
-    name = FUNCTIONS[op]
-    if not present():
+    name, where = FUNCTIONS[op], defining()
+    if where is None:
         return None  # a release without DeepSeek-V4: nothing to replace, nothing to say
     try:
-        module = importlib.import_module(DEFINING)
+        module = importlib.import_module(where)
     except Exception as e:  # noqa: BLE001  no V4 in this release, or a dependency missing: SGLang's own
         leave(name, "absent" if isinstance(e, ImportError) else "import",
-              f"{DEFINING} does not import here ({type(e).__name__}: {e})")
+              f"{where} does not import here ({type(e).__name__}: {e})")
         return None
     name = next((n for n in NAMES[op] if callable(getattr(module, n, None))), None)
     if name is None:
-        leave(FUNCTIONS[op], "absent", f"{DEFINING} has none of {', '.join(NAMES[op])}")
+        leave(FUNCTIONS[op], "absent", f"{where} has none of {', '.join(NAMES[op])}")
         return None
     original = getattr(module, name)
     original = getattr(original, _TAG, original)

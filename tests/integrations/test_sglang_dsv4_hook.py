@@ -15,7 +15,7 @@ from helpers import dsv4_reference as ref
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.integrations import sglang_dsv4
 
-DEFINING = sglang_dsv4.DEFINING
+DEFINING = sglang_dsv4.MODULES[0]
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 
 
@@ -160,3 +160,28 @@ def test_a_v4_module_with_only_the_bf16_gather_hooks_it_and_leaves_the_fp8_op(mo
         assert "absent" in st["left_to_sglang"]["gather_dequant_requant_fp8_paged_dsv4"]
     finally:
         hook.unregister()
+
+
+def test_0_5_13_to_0_5_15s_module_is_hooked_where_the_newer_one_is_absent(monkeypatch, standin):
+    """0.5.13-0.5.15 keep the bf16 gather in sglang.srt.layers.attention.dsv4.dequant_k_cache."""
+    standin((hook.MODULES[0],))
+    old = sglang_dsv4.MODULES[1]
+
+    def dequantize_k_cache_paged(quant_k_cache, page_table_1_flattened, page_size, out=None):
+        return "sglang's"
+
+    parts = old.split(".")
+    for i in range(2, len(parts)):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, _module(name))
+    monkeypatch.setitem(sys.modules, old, _module(old, dequantize_k_cache_paged=dequantize_k_cache_paged))
+    monkeypatch.setitem(sys.modules, BACKEND, _module(BACKEND, dequantize_k_cache_paged=dequantize_k_cache_paged))
+    assert sglang_dsv4.defining() == old
+    try:
+        hook.register()
+        assert hook.status()["hooked"]["dequantize_k_cache_paged"] == old
+        assert sys.modules[BACKEND].dequantize_k_cache_paged.__wrapped__ is dequantize_k_cache_paged
+    finally:
+        hook.unregister()
+    assert sys.modules[BACKEND].dequantize_k_cache_paged is dequantize_k_cache_paged

@@ -9,6 +9,7 @@ bytes equal to an independent reading of the layout and to SGLang's own CPU-runn
 NVRTC_GATHER_REQUIRE_SGLANG=1, where a missing or unimportable SGLang fails."""
 import ast
 import importlib.metadata
+import importlib.util
 import os
 import random
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ import torch
 
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.integrations import sglang_dsv4
-from helpers.sglang_v4_releases import v4_hooks
+from helpers.sglang_v4_releases import KERNELS, SRT, v4_hooks
 
 FP8 = torch.float8_e4m3fn
 
@@ -65,6 +66,52 @@ def test_the_hook_lands_on_the_real_classes(accessor):
     v4 = v4_hooks(release)
     assert hook.status()["hooked"] == {"GetKAndS.execute": names[0], "SetKAndS.execute": names[0], **v4}
     assert sglang_dsv4.present() == bool(v4), f"SGLang {release}"
+
+
+V4_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"  # binds the V4 gathers by from-import
+V32_DEQUANT = ("sglang.kernels.ops.attention.dsa.dequant_k_cache",  # DeepSeek-V3.2's namesakes, 0.5.16 on
+               "sglang.srt.layers.attention.dsa.dequant_k_cache")  # 0.5.13-0.5.15
+V32_BACKEND = "sglang.srt.layers.attention.dsa_backend"
+
+
+def test_the_v4_backend_binds_ours_and_v3_2s_namesakes_stay_sglangs(accessor):
+    """In the real package, with the hook in place: SGLang's V4 attention backend imports the
+    gathers by name from the module the hook patched (read in its source), and calls ours where
+    it imports on CPU (0.5.13-0.5.15's backends need the GPU-only cutlass package); DeepSeek-V3.2's
+    functions of the same names (another layout, in the dsa module) stay SGLang's."""
+    release = accessor[0]
+    v4 = v4_hooks(release)
+    if not v4:
+        assert not any(_has(m) for m in (KERNELS, SRT)), f"SGLang {release} has DeepSeek-V4 gathers after all"
+        return
+    where = next(iter(v4.values()))
+    assert not any(_has(m) for m in (KERNELS, SRT) if m != where), f"SGLang {release}: a second V4 module"
+    spec = importlib.util.find_spec(V4_BACKEND)
+    tree = ast.parse(open(spec.origin, encoding="utf-8").read())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == where for a in n.names}
+    assert set(v4) <= imported, f"SGLang {release}: {V4_BACKEND} imports {sorted(imported)} from {where}"
+    defining = importlib.import_module(where)
+    v32 = importlib.import_module(next(m for m in V32_DEQUANT if _has(m)))
+    for name in v4:
+        assert hasattr(getattr(defining, name), sglang_dsv4._TAG), f"SGLang {release}: {where}.{name}"
+    for name in (n for names in sglang_dsv4.NAMES.values() for n in names):
+        assert not hasattr(getattr(v32, name, None), sglang_dsv4._TAG), f"SGLang {release}: {v32.__name__}.{name}"
+    try:
+        backend, v32_backend = importlib.import_module(V4_BACKEND), importlib.import_module(V32_BACKEND)
+    except ImportError as e:
+        assert "cutlass" in str(e), f"SGLang {release}: {e}"  # a GPU-only package: the source check above stands
+        return
+    for name in v4:
+        assert hasattr(getattr(backend, name), sglang_dsv4._TAG), f"SGLang {release}: {V4_BACKEND}.{name}"
+    for name in (n for names in sglang_dsv4.NAMES.values() for n in names):
+        assert not hasattr(getattr(v32_backend, name, None), sglang_dsv4._TAG), f"SGLang {release}: {V32_BACKEND}.{name}"
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package missing
+        return False
 
 
 def _call_sites(root: str):
