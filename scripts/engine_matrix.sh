@@ -2,7 +2,7 @@
 # The engine-version matrix: the SGLang adapter's tests against each real SGLang release (and
 # vLLM 0.33's real-package test), each in its own fresh environment; one summary line per
 # release, e.g. "engine sglang==0.5.23: 154 passed, 5 skipped". Exit 1 if any row fails. Measured on
-# the 2-core CI-like machine: 999 s in all (each SGLang release 89-150 s, vLLM 92 s).
+# the 2-core CI-like machine: 1016 s in all (each SGLang release 100-147 s, vLLM 53 s).
 # The default releases: one of each layout SGLang's wheels show (read in every wheel 0.5.10-0.5.23):
 # 0.5.10 no plugin loader (register() only), nsa accessor; 0.5.12 loader, nsa accessor, a V4 pool
 # making the older single-request read; 0.5.15 srt.layers...dsa accessor; 0.5.16
