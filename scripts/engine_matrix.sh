@@ -5,8 +5,8 @@
 # the 2-core CI-like machine: 1016 s in all (each SGLang release 100-147 s, vLLM 53 s).
 # The default releases: one of each layout SGLang's wheels show (read in every wheel 0.5.10-0.5.23):
 # 0.5.10 no plugin loader (register() only), nsa accessor; 0.5.12 loader, nsa accessor, a V4 pool
-# making the older single-request read; 0.5.15 srt.layers...dsa accessor; 0.5.16
-# kernels.ops...dsa accessor, V4's bf16 gather only; 0.5.20 both V4 gathers, unsuffixed names;
+# making the older single-request read; 0.5.15 srt.layers...dsa accessor, V4's bf16 gather in
+# srt.layers...dsv4; 0.5.16 both moved to kernels.ops; 0.5.20 both V4 gathers, unsuffixed names;
 # 0.5.22 pool.index_page_size, layout=; 0.5.23 kvcache accessor, _dsv4 names.
 #   SGLANG_RELEASES  the releases (default "0.5.10 0.5.12 0.5.15 0.5.16 0.5.20 0.5.22 0.5.23")
 #   MATRIX_DIR       where the environments go (default: a fresh temporary directory, removed after)
