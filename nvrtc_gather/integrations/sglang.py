@@ -36,7 +36,7 @@ import threading
 import torch
 
 from .. import indexer_k_scatter
-from ..ops import checks, dsv4_gather, index_k_read
+from ..ops import checks, dsv4_gather, fast_path, index_k_read
 from ..ops import indexer_k_scatter as indexer_k_scatter_op
 from . import sglang_activation, sglang_dsv4, sglang_log
 
@@ -324,7 +324,7 @@ def get_index_k_scale_buffer(buf: torch.Tensor, seq_len_tensor: torch.Tensor, pa
                                      index_head_dim, quant_block_size)
 
 
-_set_layouts: dict = {}  # the set entry's remembered layouts (the scatter's), by the call's metadata
+_set_layouts = fast_path.LayoutMemo()  # the set entry's remembered layouts (the scatter's), by the call's metadata
 _SCATTER_NAMES = {"k": "index_k", "k_scale": "index_k_scale", "kv_cache": "buf", "slot_mapping": "loc"}
 
 
@@ -371,9 +371,7 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
         return
     layout = indexer_k_scatter_op.launch_planned(plan)
     if key is not None and layout is not None:
-        if len(_set_layouts) >= 256:
-            _set_layouts.clear()
-        _set_layouts[key] = layout
+        _set_layouts.remember(key, layout)
 
 
 def _check_rows(loc, index_k, index_k_scale, index_head_dim: int, nq: int) -> None:

@@ -84,7 +84,7 @@ def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayou
     return CacheLayout(dev.index, num_pages, page_size, page_stride, image, {})
 
 
-_layouts: dict = {}
+_layouts = fast_path.LayoutMemo()
 
 
 def _remembered(cache, page_size, name, three_d) -> CacheLayout:
@@ -97,9 +97,7 @@ def _remembered(cache, page_size, name, three_d) -> CacheLayout:
         return _cache_layout(cache, page_size, name, three_d)  # raises, naming the argument
     if layout is None:
         layout = _cache_layout(cache, page_size, name, three_d)
-        if len(_layouts) >= 256:
-            _layouts.clear()
-        _layouts[key] = layout
+        _layouts.remember(key, layout)
     return layout
 
 
@@ -225,13 +223,11 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
             (k_cache.data_ptr(), out_p, block_table.data_ptr(), seq_lens.data_ptr(),
              0 if gather_lens is None else gather_lens.data_ptr()) + tail)
     if key is not None:
-        if len(_paged_calls) >= 256:
-            _paged_calls.clear()
         spans = [_span(t) if t is not None else (0, 0) for t in (out, k_cache, seq_lens, gather_lens, block_table)]
-        _paged_calls[key] = (layout, reqs * tiles, tail, tuple(hi - lo for lo, hi in spans))
+        _paged_calls.remember(key, (layout, reqs * tiles, tail, tuple(hi - lo for lo, hi in spans)))
 
 
-_paged_calls: dict = {}  # vLLM's form: (layout, grid, the call's sizes, byte extents) by the call's metadata
+_paged_calls = fast_path.LayoutMemo()  # vLLM's form: (layout, grid, the call's sizes, byte extents) by the call's metadata
 
 
 def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> None:

@@ -18,7 +18,7 @@ import torch
 from .. import settings
 from ..jit import driver, runtime
 from ..kernels import index_k_read as spec
-from . import checks
+from . import checks, fast_path
 from .gather import cp_gather_indexer_k_quant_cache
 
 _U8 = torch.uint8
@@ -132,8 +132,7 @@ def _launcher(layout: ReadLayout, vec: int, shape: str):
     return go
 
 
-_layouts: dict = {}
-_MAX_LAYOUTS = 256
+_layouts = fast_path.LayoutMemo()
 
 
 def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int,
@@ -166,9 +165,7 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
     if out is None:  # buf is aligned: only an allocator handing out unaligned memory gets here
         raise ValueError("dst: torch.empty returned outputs that are not 4-byte aligned")
     if key is not None:
-        if len(_layouts) >= _MAX_LAYOUTS:
-            _layouts.clear()
-        _layouts[key] = layout
+        _layouts.remember(key, layout)
     return out
 
 
