@@ -173,18 +173,7 @@ __device__ __forceinline__ void gather_tiny(const GatherParams& p) {
     V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
     const u32* ssrc = reinterpret_cast<const u32*>(p.kv_cache + scale_offset(p, loc));
     u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
-    const int vpt = p.head_dim / KVEC;
-    // The first vector and scale word are both loaded before either is stored (a load may
-    // not move above a store that could alias it), so the two share one round trip.
-    const bool has_v = lane < vpt, has_s = lane < p.scale_words;
-    V v;
-    u32 w = 0;
-    if (has_v) v = __ldg(src + lane);
-    if (has_s) w = __ldg(ssrc + lane);
-    if (has_v) dst[lane] = v;
-    if (has_s) sdst[lane] = w;
-    for (int c = lane + 32; c < vpt; c += 32) dst[c] = __ldg(src + c);
-    for (int c = lane + 32; c < p.scale_words; c += 32) sdst[c] = __ldg(ssrc + c);
+    copy_row_by_warp(src, dst, p.head_dim / KVEC, ssrc, sdst, p.scale_words, lane);
 }
 
 // Entry points: none here. Each module's spec (nvrtc_gather/kernels/gather.py) names its

@@ -242,16 +242,7 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     const u8* base = p.kv_cache + (i64)page * p.page_stride;
     const V* src = reinterpret_cast<const V*>(base + (i64)slot * p.head_dim);
     const u32* ssrc = reinterpret_cast<const u32*>(base + (i64)p.page_size * p.head_dim + (i64)slot * p.scale_words * 4);
-    // The first vector and scale word are both loaded before either is stored.
-    const bool has_v = lane < vpt, has_s = lane < p.scale_words;
-    V v;
-    u32 sw = 0;
-    if (has_v) v = __ldg(src + lane);
-    if (has_s) sw = __ldg(ssrc + lane);
-    if (has_v) dst[lane] = v;
-    if (has_s) sdst[lane] = sw;
-    for (int c = lane + 32; c < vpt; c += 32) dst[c] = __ldg(src + c);
-    for (int c = lane + 32; c < p.scale_words; c += 32) sdst[c] = __ldg(ssrc + c);
+    copy_row_by_warp(src, dst, vpt, ssrc, sdst, p.scale_words, lane);
 }
 
 // Entry points: none here. The spec (nvrtc_gather/kernels/index_k_read.py) names them and the

@@ -1,4 +1,4 @@
-// The copy phase of the tile gathers (gather_indexer_k.cu, index_k_read.cu): a block's rows,
+// The copy phases of the tile gathers (gather_indexer_k.cu, index_k_read.cu): a block's rows,
 // each parked in shared memory as (block id, token in block) by the block's search phase,
 // copied out of the paged indexer cache (docs/contract.md section 1: a block's fp8 values,
 // token-major, then its fp32 scales) into contiguous destination rows.
@@ -77,4 +77,22 @@ __device__ __forceinline__ void copy_tile(const u8* kv_cache, i64 block_stride, 
         }
         if (loc.x >= 0 || ZERO_SKIPPED) *(reinterpret_cast<u32*>(dst_scale + (i64)(row0 + t) * dst_scale_row_stride) + w) = x;
     }
+}
+
+// One row copied by one warp (the tiny shapes, a warp a row): vpt vectors of V from src to dst,
+// scale_words 4-byte words from ssrc to sdst. The first vector and scale word are both loaded
+// before either is stored (a load may not move above a store that could alias it), so the two
+// share one round trip.
+template <typename V>
+__device__ __forceinline__ void copy_row_by_warp(const V* src, V* dst, int vpt, const u32* ssrc, u32* sdst,
+                                                 int scale_words, int lane) {
+    const bool has_v = lane < vpt, has_s = lane < scale_words;
+    V v;
+    u32 sw = 0;
+    if (has_v) v = __ldg(src + lane);
+    if (has_s) sw = __ldg(ssrc + lane);
+    if (has_v) dst[lane] = v;
+    if (has_s) sdst[lane] = sw;
+    for (int c = lane + 32; c < vpt; c += 32) dst[c] = __ldg(src + c);
+    for (int c = lane + 32; c < scale_words; c += 32) sdst[c] = __ldg(ssrc + c);
 }

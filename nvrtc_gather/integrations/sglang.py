@@ -86,11 +86,12 @@ def register(ops=None) -> tuple[str, ...]:
         hooked = []
         for op in wanted:
             if op in sglang_dsv4.FUNCTIONS:  # a function, not an accessor method
-                fname = sglang_dsv4.install(op, _leave)
-                if fname is not None:
+                found = sglang_dsv4.install(op, _leave)
+                if found is not None:
+                    fname, where = found
                     if fname not in _state["hooked"]:
                         hooked.append(fname)
-                    _state["hooked"][fname] = sglang_dsv4.defining()
+                    _state["hooked"][fname] = where
                 continue
             cls_name, make = _HOOKS[op]
             cls = getattr(module, cls_name, None)

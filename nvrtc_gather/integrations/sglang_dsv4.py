@@ -53,9 +53,9 @@ def present() -> bool:
     return defining() is not None
 
 
-def install(op: str, leave) -> str | None:
-    """Replace the function of ``op`` where SGLang keeps it (``defining()``); the name it has in
-    this release, or None (said through ``leave(method, reason, detail)``) where this SGLang has none or its module
+def install(op: str, leave) -> tuple[str, str] | None:
+    """Replace the function of ``op`` where SGLang keeps it (``defining()``); (the name it has in
+    this release, that module), or None (said through ``leave(method, reason, detail)``) where this SGLang has none or its module
     fails to import."""
     name, where = FUNCTIONS[op], defining()
     if where is None:
@@ -76,7 +76,7 @@ def install(op: str, leave) -> str | None:
     for mod in [module] + [m for k, m in list(sys.modules.items()) if k.startswith("sglang.") and m is not module]:
         if getattr(mod, name, None) is original:
             setattr(mod, name, ours)
-    return name
+    return name, where
 
 
 def uninstall() -> None:
