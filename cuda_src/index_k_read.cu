@@ -66,6 +66,18 @@ __device__ __forceinline__ u32 block_prefix_sat(u32 v, u32* s_warp, u32* total) 
 #define WINDOW_REQS 64  // W >= 4 columns
 
 // A page id as the row's location needs it: the id where it is in [0, num_pages), else -1.
+// Request r's length as the kernel counts it: 0 past the batch, and 0 for a value that is negative
+// or past int32 (reported in debug mode). NOW: the uncached load (index_k_read_tiny's).
+template <typename LT, bool NOW>
+__device__ __forceinline__ u32 length_of(const IndexKReadParams& p, u32 r) {
+    if (r >= (u32)p.batch) return 0;
+    const i64 x = NOW ? load_index_now<LT>(p.seq_lens, (i64)r * p.seq_lens_stride)
+                      : load_index<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
+    if (x >= 0 && x <= 0x7fffffff) return (u32)x;
+    ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
+    return 0;
+}
+
 __device__ __forceinline__ int valid_page(i64 page, int num_pages) {
     return page >= 0 && page < num_pages ? (int)page : -1;
 }
@@ -104,15 +116,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     u32 carry = 0;  // rows of the requests before the chunk, saturated
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += NG_THREADS) {
         const u32 r = c0 + tid;
-        u32 len = 0;
-        if (r < (u32)p.batch) {
-            const i64 x = load_index<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
-            if (x >= 0 && x <= 0x7fffffff) {
-                len = (u32)x;
-            } else {
-                ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
-            }
-        }
+        const u32 len = length_of<LT, false>(p, r);
         u32 chunk;
         const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
         s_inc[tid] = inc;
@@ -182,15 +186,7 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     int rq = -1;
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += 32) {
         const u32 r = c0 + lane;
-        u32 len = 0;
-        if (r < (u32)p.batch) {
-            const i64 x = load_index_now<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
-            if (x >= 0 && x <= 0x7fffffff) {
-                len = (u32)x;
-            } else {
-                ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
-            }
-        }
+        const u32 len = length_of<LT, true>(p, r);
         u32 inc = len;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
