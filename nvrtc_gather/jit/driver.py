@@ -1,16 +1,21 @@
 """The CUDA driver API: the few calls the package makes, with errors that say what to do.
 
-Slow-path calls (init, device queries, loading code) go through cuda.bindings. The
-per-call hot path (context check, launch) goes through raw driver entry points taken
-once from cuGetProcAddress and called with ctypes, the cheapest launch path from Python
-(cuLaunchKernelEx: 4 arguments, the configuration prepared once per thread)."""
+Every call goes straight to the driver library's exported entry points through ctypes
+(bound once by name; no cuGetProcAddress, so compute-sanitizer's API-error report sees no
+failed lookups from us, where cuda.bindings' driver module resolves its whole table). The
+hot path (context check, launch) is the cheapest launch from Python: cuLaunchKernelEx, 4
+arguments, the configuration prepared once per thread."""
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from functools import lru_cache
 
 from ..errors import CudaError, MissingDependencyError
+
+# The driver library; the tests point it at a fake one built from C.
+LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 _DRIVER_HINT = (
     "no usable NVIDIA driver was found: install the NVIDIA driver (libcuda.so.1) for your GPU; "
@@ -36,30 +41,85 @@ _HINTS = {
          "disabled (CUDA_DISABLE_JIT?): install an NVRTC that supports this GPU (pip install --upgrade nvidia-cuda-nvrtc)",  # JIT_COMPILATION_DISABLED
     34: "the libcuda.so found is the CUDA toolkit's stub, not the driver: install the NVIDIA driver, or fix "
         "LD_LIBRARY_PATH so the driver's libcuda.so.1 comes first",  # STUB_LIBRARY
-    36: "the NVIDIA driver is older than cuda-bindings needs: upgrade the driver, or install cuda-bindings of "
-        "the driver's CUDA major version (see `nvrtc-gather info`)",  # CALL_REQUIRES_NEWER_DRIVER
+    36: "the NVIDIA driver is older than this call needs: upgrade the driver "
+        "(`nvrtc-gather info` shows its CUDA version)",  # CALL_REQUIRES_NEWER_DRIVER
     803: "the NVIDIA kernel module and libcuda.so.1 are different versions: reinstall the driver or reboot",  # SYSTEM_DRIVER_MISMATCH
     100: "no CUDA-capable GPU is visible (check CUDA_VISIBLE_DEVICES)",  # NO_DEVICE
 }
 
 
-def _bindings():
+_p = ctypes.c_void_p
+_pp = ctypes.POINTER(ctypes.c_void_p)
+_int, _uint = ctypes.c_int, ctypes.c_uint
+_pint = ctypes.POINTER(ctypes.c_int)
+
+# Entry point -> (the library's exported symbol, argument types). Symbols with an ABI
+# version are named as cuda.h maps them (cuCtxPushCurrent -> cuCtxPushCurrent_v2).
+_SIGNATURES = {
+    "cuInit": ("cuInit", _uint),
+    "cuDriverGetVersion": ("cuDriverGetVersion", _pint),
+    "cuDeviceGetCount": ("cuDeviceGetCount", _pint),
+    "cuDeviceGet": ("cuDeviceGet", _pint, _int),
+    "cuDeviceGetAttribute": ("cuDeviceGetAttribute", _pint, _int, _int),
+    "cuDeviceGetName": ("cuDeviceGetName", ctypes.c_char_p, _int, _int),
+    "cuDevicePrimaryCtxRetain": ("cuDevicePrimaryCtxRetain", _pp, _int),
+    "cuLibraryLoadData": ("cuLibraryLoadData", _pp, ctypes.c_char_p, _p, _p, _uint, _p, _p, _uint),
+    "cuLibraryUnload": ("cuLibraryUnload", _p),
+    "cuLibraryGetKernel": ("cuLibraryGetKernel", _pp, _p, ctypes.c_char_p),
+    "cuKernelGetFunction": ("cuKernelGetFunction", _pp, _p),
+    "cuCtxGetCurrent": ("cuCtxGetCurrent", _pp),
+    "cuCtxPushCurrent": ("cuCtxPushCurrent_v2", _p),
+    "cuCtxPopCurrent": ("cuCtxPopCurrent_v2", _pp),
+    "cuStreamIsCapturing": ("cuStreamIsCapturing", _p, _pint),
+    "cuLaunchKernelEx": ("cuLaunchKernelEx", _p, _p, _p, _p),
+    "cuGetErrorName": ("cuGetErrorName", _int, ctypes.POINTER(ctypes.c_char_p)),
+}
+# CUdevice_attribute values (cuda.h)
+_MULTIPROCESSOR_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76
+
+
+class _Driver:
+    """The driver library's entry points the package calls, bound by name."""
+
+    def __init__(self, path: str):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            raise MissingDependencyError(f"{_DRIVER_HINT} ({exc})") from exc
+        for name, (symbol, *argtypes) in _SIGNATURES.items():
+            try:
+                fn = getattr(lib, symbol)
+            except AttributeError as exc:
+                raise MissingDependencyError(
+                    f"the NVIDIA driver ({path}) has no {symbol}: it is older than CUDA 12.0, which this package "
+                    f"needs; upgrade the NVIDIA driver") from exc
+            fn.restype, fn.argtypes = ctypes.c_int, argtypes
+            setattr(self, name, fn)
+
+
+@lru_cache(maxsize=None)
+def _library(path: str) -> _Driver:
+    return _Driver(path)
+
+
+def _lib() -> _Driver:
+    return _library(LIBRARY)
+
+
+def error_name(code: int) -> str:
+    name = ctypes.c_char_p()
     try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise MissingDependencyError(f"cuda.bindings is not importable ({exc}): pip install cuda-bindings") from exc
-    return driver
+        rc = _lib().cuGetErrorName(code, ctypes.byref(name))
+    except MissingDependencyError:
+        return "CUresult"
+    return name.value.decode() if rc == 0 and name.value else "CUresult"
 
 
-def check(result, call: str):
-    """Unpack a cuda.bindings return tuple; raise CudaError unless CUDA_SUCCESS."""
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    code = int(err)
+def _call(name: str, *args, label: str | None = None) -> None:
+    """Call entry point ``name``; CudaError (with what to do, where we know) unless CUDA_SUCCESS."""
+    code = getattr(_lib(), name)(*args)
     if code != 0:
-        raise CudaError(call, code, getattr(err, "name", ""), _HINTS.get(code, ""))
-    if not rest:
-        return None
-    return rest[0] if len(rest) == 1 else tuple(rest)
+        raise CudaError(label or name, code, error_name(code), _HINTS.get(code, ""))
 
 
 _init_lock = threading.Lock()
@@ -67,85 +127,92 @@ _initialized = False
 
 
 def init() -> None:
-    """cuInit once per process. MissingDependencyError when there is no driver."""
+    """cuInit once per process. MissingDependencyError when there is no driver or no GPU."""
     global _initialized
     if _initialized:
         return
     with _init_lock:
         if _initialized:
             return
-        drv = _bindings()
         try:
-            check(drv.cuInit(0), "cuInit")
-        except RuntimeError as exc:
-            if isinstance(exc, CudaError) and exc.code != 100:
+            _call("cuInit", 0)
+        except CudaError as exc:
+            if exc.code != 100:
                 raise
             raise MissingDependencyError(f"{_DRIVER_HINT} ({exc})") from exc
         _initialized = True
 
 
+def _int_out(name: str, *args) -> int:
+    out = ctypes.c_int()
+    _call(name, ctypes.byref(out), *args)
+    return out.value
+
+
 def driver_version() -> int:
     """e.g. 13000 for CUDA 13.0."""
     init()
-    return int(check(_bindings().cuDriverGetVersion(), "cuDriverGetVersion"))
+    return _int_out("cuDriverGetVersion")
 
 
 def device_count() -> int:
     init()
-    return int(check(_bindings().cuDeviceGetCount(), "cuDeviceGetCount"))
+    return _int_out("cuDeviceGetCount")
 
 
 @lru_cache(maxsize=None)
-def _device(ordinal: int):
+def _device(ordinal: int) -> int:
     init()
-    return check(_bindings().cuDeviceGet(ordinal), "cuDeviceGet")
+    return _int_out("cuDeviceGet", ordinal)
+
+
+def _attribute(attribute: int, ordinal: int) -> int:
+    return _int_out("cuDeviceGetAttribute", attribute, _device(ordinal))
 
 
 @lru_cache(maxsize=None)
 def capability(ordinal: int) -> int:
     """Compute capability as one int: 90 for sm_90."""
-    drv = _bindings()
-    dev = _device(ordinal)
-    a = drv.CUdevice_attribute
-    major = check(drv.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
-    minor = check(drv.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
-    return int(major) * 10 + int(minor)
+    return _attribute(_CC_MAJOR, ordinal) * 10 + _attribute(_CC_MINOR, ordinal)
 
 
 @lru_cache(maxsize=None)
 def sm_count(ordinal: int) -> int:
-    drv = _bindings()
-    a = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    return int(check(drv.cuDeviceGetAttribute(a, _device(ordinal)), "cuDeviceGetAttribute"))
+    return _attribute(_MULTIPROCESSOR_COUNT, ordinal)
 
 
 def device_name(ordinal: int) -> str:
-    raw = check(_bindings().cuDeviceGetName(256, _device(ordinal)), "cuDeviceGetName")
-    return raw.split(b"\0", 1)[0].decode()
+    buf = ctypes.create_string_buffer(256)
+    _call("cuDeviceGetName", buf, len(buf), _device(ordinal))
+    return buf.value.decode(errors="replace")
+
+
+def _handle_out(name: str, *args, label: str | None = None) -> int:
+    out = ctypes.c_void_p()
+    _call(name, ctypes.byref(out), *args, label=label)
+    return out.value or 0
 
 
 @lru_cache(maxsize=None)
 def primary_context(ordinal: int) -> int:
     """The device's primary context (the one torch's runtime uses), retained for the process."""
-    ctx = check(_bindings().cuDevicePrimaryCtxRetain(_device(ordinal)), "cuDevicePrimaryCtxRetain")
-    return int(ctx)
+    return _handle_out("cuDevicePrimaryCtxRetain", _device(ordinal))
 
 
-def load_library(image: bytes):
+def load_library(image: bytes) -> int:
     """Load a cubin/PTX image. Loading may be lazy: errors can surface at get_function."""
     init()
-    return check(_bindings().cuLibraryLoadData(image, None, None, 0, None, None, 0), "cuLibraryLoadData")
+    return _handle_out("cuLibraryLoadData", image, None, None, 0, None, None, 0)
 
 
-def unload_library(lib) -> None:
-    _bindings().cuLibraryUnload(lib)
+def unload_library(lib: int) -> None:
+    _lib().cuLibraryUnload(lib)
 
 
-def get_function(lib, name: str) -> int:
+def get_function(lib: int, name: str) -> int:
     """The kernel ``name`` as a CUfunction of the *current* context (which loads it there)."""
-    drv = _bindings()
-    kernel = check(drv.cuLibraryGetKernel(lib, name.encode()), f"cuLibraryGetKernel({name})")
-    return int(check(drv.cuKernelGetFunction(kernel), f"cuKernelGetFunction({name})"))
+    kernel = _handle_out("cuLibraryGetKernel", lib, name.encode(), label=f"cuLibraryGetKernel({name})")
+    return _handle_out("cuKernelGetFunction", kernel, label=f"cuKernelGetFunction({name})")
 
 
 def in_primary_context(device: int, fn):
@@ -158,17 +225,20 @@ def in_primary_context(device: int, fn):
     r.ctx_get_current(ctypes.byref(cur))
     if cur.value == ctx:
         return fn()
-    check(r.ctx_push(ctx), "cuCtxPushCurrent")
+    rc = r.ctx_push(ctx)
+    if rc != 0:
+        raise CudaError("cuCtxPushCurrent", rc, error_name(rc), _HINTS.get(rc, ""))
     try:
         return fn()
     finally:
         r.ctx_pop(ctypes.byref(ctypes.c_void_p()))
 
 
+# CUstreamCaptureStatus: NONE = 0, ACTIVE = 1, INVALIDATED = 2
 def stream_is_capturing(stream: int) -> bool:
-    drv = _bindings()
-    status = check(drv.cuStreamIsCapturing(drv.CUstream(stream)), "cuStreamIsCapturing")
-    return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    status = ctypes.c_int()
+    _call("cuStreamIsCapturing", stream, ctypes.byref(status))
+    return status.value != 0
 
 
 class LaunchConfig(ctypes.Structure):
@@ -183,32 +253,17 @@ class LaunchConfig(ctypes.Structure):
 
 
 class _Raw:
-    """Raw driver entry points for the hot path, resolved once through cuGetProcAddress."""
+    """The hot path's entry points, called without a wrapper: each returns its CUresult."""
 
     def __init__(self):
         init()
-        drv = _bindings()
-        flags = drv.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
-        vp = ctypes.c_void_p
-
-        def resolve(symbol: str, restype, *argtypes):
-            pfn, _status = check(drv.cuGetProcAddress(symbol.encode(), 12000, flags), f"cuGetProcAddress({symbol})")
-            return ctypes.CFUNCTYPE(restype, *argtypes)(int(pfn))
-
-        i = ctypes.c_int
-        self.ctx_get_current = resolve("cuCtxGetCurrent", i, ctypes.POINTER(vp))
-        self.ctx_push = resolve("cuCtxPushCurrent", i, vp)
-        self.ctx_pop = resolve("cuCtxPopCurrent", i, ctypes.POINTER(vp))
-        self.launch_ex = resolve("cuLaunchKernelEx", i, vp, vp, vp, vp)
+        lib = _lib()
+        self.ctx_get_current = lib.cuCtxGetCurrent
+        self.ctx_push = lib.cuCtxPushCurrent
+        self.ctx_pop = lib.cuCtxPopCurrent
+        self.launch_ex = lib.cuLaunchKernelEx
 
 
 @lru_cache(maxsize=None)
 def raw() -> _Raw:
     return _Raw()
-
-
-def error_name(code: int) -> str:
-    try:
-        return _bindings().CUresult(code).name
-    except Exception:
-        return "CUresult"
