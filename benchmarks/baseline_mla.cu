@@ -1,18 +1,27 @@
-// Benchmark baselines only (never used by the ops): the MLA-cache ops launched the way vLLM's
-// kernels are, written here from a description of that launch (not vLLM's code), so that
-// benchmarks/bench_mla.py and bench_cache_gather.py (the chunked gathers, at the end of this
-// file) can time them beside ours through the same runtime. Each has its own
-// small parameter struct (declared again in bench_mla.py, packed without padding: every i32
-// pair sits before the next 8-byte field). Inputs are trusted: no index is checked.
+// Benchmark baselines only (never used by the ops): the MLA-cache ops and the chunked-context
+// gathers launched the way vLLM's kernels are, written here from a description of that launch
+// (not vLLM's code), so that the families of benchmarks/ can time them beside ours through the
+// same runtime. The parameter structs are declared again in benchmarks/baselines.py (packed
+// without padding: every i32 pair sits before the next 8-byte field). Inputs are trusted: no
+// index is checked.
 //
-// baseline_mla_gather (512 threads per block): grid = ceil(num_rows / block_size) + 2 * batch.
-//   Block k takes the k-th page of the concatenation of every request's page list (request r
-//   covers tokens [seq0_r, seq0_r + len_r), pages_r = ceil((seq0_r + len_r) / bs) - seq0_r / bs);
-//   thread 0 finds it by a serial scan of the requests, reading workspace_starts (and
-//   seq_starts) from global memory. Then one warp per token of the page (16 warps, stepping
-//   by 16): lane l decodes the 8-byte code chunks c = l and c = 32 + l (uint2 loads), scale =
+// The gathers: one thread block per (request, page) task, found by a serial scan over the
+// requests (find_page_task; issue #27's description of vLLM 0.33's kernels); grid =
+// ceil(num_rows / block_size) + 2 * batch. Block k takes the k-th page of the concatenation of
+// every request's pages (request r: rows [min(cu[r], T), min(cu[r + 1], T)), entries from position
+// seq0_r = seq_starts[r] (or 0) on, pages_r = ceil((seq0_r + len_r) / bs) - seq0_r / bs); thread 0
+// finds it reading cu_seq_lens (and seq_starts) from global memory; blocks past the last page return.
+// baseline_mla_gather (512 threads): one warp per token of the page (16 warps, stepping by 16):
+//   lane l decodes the 8-byte code chunks c = l and c = 32 + l (uint2 loads), scale =
 //   scales[c >> 4], fp8 -> float * scale -> bf16 (nearest even), one 16-byte store per chunk;
 //   the 32 lanes copy the 128 k_pe bytes one int each.
+// baseline_cp_gather (256 threads; vLLM drops to 128 from 2^20 rows, which no workload reaches):
+//   the page's tokens are one contiguous run of bytes in the cache and in dst, copied with
+//   16-byte loads, two in flight per thread (idx and idx + 256).
+// baseline_dequant_<auto|fp8>_bf16 (256 threads): pages past the block_table row are skipped;
+//   the page's (token, 8-value vector) pairs are spread over the threads, one vector each per
+//   step: "auto" loads 16 bytes of bf16 and stores them, "fp8" loads 8 e4m3 codes, fp8 -> float
+//   * scale -> bf16 (nearest even), one 16-byte store.
 // baseline_mla_write (96 threads per block): one block per token. Threads 0-63 load 8 bf16
 //   values each (16 bytes); a half-warp (16 lanes) holds one 128-value tile, whose amax takes 4
 //   xor shuffles of width 16; scale = max(amax / 448, FLT_MIN) (the older scale rule: our op's
@@ -24,23 +33,7 @@
 
 #define BASELINE_GATHER_THREADS 512
 #define BASELINE_WRITE_THREADS 96
-
-struct BaselineMlaGatherParams {
-    const u8* src_cache;          // record of (block b, entry t) at src_cache + b * block_stride + t * entry_stride
-    u8* dst;                      // bf16 [num_rows, 576]
-    const i32* block_table;       // request r's blocks at block_table + r * bt_row_stride
-    const i32* workspace_starts;  // batch entries
-    const i32* seq_starts;        // batch entries, or null (0)
-    i64 block_stride;             // bytes
-    i64 entry_stride;             // bytes
-    i64 dst_row_stride;           // bytes
-    i64 bt_row_stride;            // elements
-    i32 num_rows;
-    i32 batch;
-    i32 block_size;
-    i32 unused;
-    i64* error;                   // the runtime's debug buffer (not used)
-};
+#define BASELINE_CHUNKED_THREADS 256
 
 struct BaselineMlaWriteParams {
     const u8* kv_c;               // bf16 [num_tokens, 512], row i at kv_c + i * kv_c_row_stride
@@ -71,45 +64,66 @@ __device__ __forceinline__ uint4 baseline_bf16x8(const uint2 v, const float scal
     return o;
 }
 
-extern "C" __global__ void __launch_bounds__(BASELINE_GATHER_THREADS)
-baseline_mla_gather(const BaselineMlaGatherParams p) {
-    __shared__ int s_task[5];  // request, page (block_table column), first token, token end, block id
+struct BaselineCacheGatherParams {
+    const u8* src_cache;      // entry (block b, slot t) at src_cache + b * block_stride + t * entry_stride
+    u8* dst;                  // row i at dst + i * dst_row_stride
+    const i32* block_table;   // request r's blocks at block_table + r * bt_row_stride
+    const i32* cu_seq_lens;   // batch + 1 entries
+    const i32* seq_starts;    // batch entries, or null (0)
+    const float* scale;       // the fp8 dequantization's scale (unused otherwise)
+    i64 block_stride;         // bytes
+    i64 entry_stride;         // bytes
+    i64 dst_row_stride;       // bytes
+    i64 bt_row_stride;        // elements
+    i32 num_rows;             // T
+    i32 batch;
+    i32 block_size;
+    i32 max_blocks;           // block_table columns
+    i32 row_bytes;            // source bytes per entry
+    i32 unused;
+    i64* error;               // the runtime's debug buffer (not used)
+};
+
+// The task of block k: s[0] request (-1: none), s[1] first position, s[2] position end, s[3]
+// page (block_table column), s[4] dst row of position 0.
+__device__ __forceinline__ void find_page_task(const BaselineCacheGatherParams& p, int* s) {
     if (threadIdx.x == 0) {
         const int k = blockIdx.x;
-        int acc = 0, req = -1, page = 0, lo = 0, hi = 0;
-        for (int r = 0; r < p.batch; ++r) {  // serial scan, as vLLM's kernel does
-            const int start = p.workspace_starts[r];
-            const int next = r + 1 < p.batch ? p.workspace_starts[r + 1] : p.num_rows;
-            const int len = next - start;
+        int acc = 0;
+        s[0] = -1;
+        for (int r = 0; r < p.batch; ++r) {  // serial scan, as vLLM's kernels do
+            const int begin = min(p.cu_seq_lens[r], p.num_rows);
+            const int len = min(p.cu_seq_lens[r + 1], p.num_rows) - begin;
             if (len <= 0) continue;
             const int seq0 = p.seq_starts ? p.seq_starts[r] : 0;
-            const int pages = (seq0 + len + p.block_size - 1) / p.block_size - seq0 / p.block_size;
+            const int first = seq0 / p.block_size;
+            const int pages = (seq0 + len + p.block_size - 1) / p.block_size - first;
             if (k < acc + pages) {
-                req = r;
-                page = seq0 / p.block_size + (k - acc);
-                lo = max(seq0, page * p.block_size);
-                hi = min(seq0 + len, (page + 1) * p.block_size);
+                const int page = first + (k - acc);
+                s[0] = r;
+                s[1] = max(seq0, page * p.block_size);
+                s[2] = min(seq0 + len, (page + 1) * p.block_size);
+                s[3] = page;
+                s[4] = begin - seq0;
                 break;
             }
             acc += pages;
         }
-        s_task[0] = req;
-        s_task[1] = page;
-        s_task[2] = lo;
-        s_task[3] = hi;
-        s_task[4] = req >= 0 ? p.block_table[(i64)req * p.bt_row_stride + page] : -1;
     }
     __syncthreads();
-    const int req = s_task[0];
-    if (req < 0) return;  // the over-provisioned blocks
-    const int lo = s_task[2], hi = s_task[3], blk = s_task[4];
-    const int seq0 = p.seq_starts ? p.seq_starts[req] : 0;
-    const int row0 = p.workspace_starts[req] - seq0;  // dst row of token pos: row0 + pos
+}
+
+extern "C" __global__ void __launch_bounds__(BASELINE_GATHER_THREADS)
+baseline_mla_gather(const BaselineCacheGatherParams p) {
+    __shared__ int s[5];
+    find_page_task(p, s);
+    if (s[0] < 0) return;  // the over-provisioned blocks
+    const i32 blk = p.block_table[(i64)s[0] * p.bt_row_stride + s[3]];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int page_start = s_task[1] * p.block_size;
-    for (int pos = lo + warp; pos < hi; pos += BASELINE_GATHER_THREADS / 32) {
+    const int page_start = s[3] * p.block_size;
+    for (int pos = s[1] + warp; pos < s[2]; pos += BASELINE_GATHER_THREADS / 32) {
         const u8* rec = p.src_cache + (i64)blk * p.block_stride + (i64)(pos - page_start) * p.entry_stride;
-        u8* out = p.dst + (i64)(row0 + pos) * p.dst_row_stride;
+        u8* out = p.dst + (i64)(s[4] + pos) * p.dst_row_stride;
         const float* scales = reinterpret_cast<const float*>(rec + 512);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -160,75 +174,6 @@ baseline_mla_write(const BaselineMlaWriteParams p) {
     if ((t & 15) == 0) reinterpret_cast<float*>(rec + 512)[t >> 4] = scale;  // lanes 0 and 16 of warps 0-1
 }
 #endif
-
-// The chunked-context gathers (cp_gather_cache, gather_and_maybe_dequant_cache) launched the way
-// vLLM 0.33's kernels are (issue #27's description: one thread block per (request, page) task,
-// found by a serial scan over the requests; token_to_seq not read), for
-// benchmarks/bench_cache_gather.py. Their parameter struct is declared again there. Inputs are
-// laid out as the benchmark makes them (entries and rows contiguous, 16-byte aligned).
-//
-// Both: 256 threads per block (vLLM drops to 128 from 2^20 rows, which no workload reaches);
-// grid = ceil(num_rows / block_size) + 2 * batch. Block k takes the k-th page of the concatenation
-// of every request's pages (request r: rows [min(cu[r], T), min(cu[r + 1], T)), entries from
-// position seq0_r = seq_starts[r] (or 0) on, pages_r = ceil((seq0_r + len_r) / bs) - seq0_r / bs);
-// thread 0 finds it by a serial scan of the requests, reading cu_seq_lens (and seq_starts) from
-// global memory; blocks past the last page return.
-// baseline_cp_gather: the page's tokens are one contiguous run of bytes in the cache and in dst;
-//   copied with 16-byte loads, two in flight per thread (idx and idx + 256).
-// baseline_dequant_<auto|fp8>_bf16: pages past the block_table row are skipped; the page's
-//   (token, 8-value vector) pairs are spread over the threads, one vector each per step: "auto"
-//   loads 16 bytes of bf16 and stores them, "fp8" loads 8 e4m3 codes, fp8 -> float * scale ->
-//   bf16 (nearest even), one 16-byte store.
-#define BASELINE_CHUNKED_THREADS 256
-
-struct BaselineCacheGatherParams {
-    const u8* src_cache;      // entry (block b, slot t) at src_cache + b * block_stride + t * entry_stride
-    u8* dst;                  // row i at dst + i * dst_row_stride
-    const i32* block_table;   // request r's blocks at block_table + r * bt_row_stride
-    const i32* cu_seq_lens;   // batch + 1 entries
-    const i32* seq_starts;    // batch entries, or null (0)
-    const float* scale;       // the fp8 dequantization's scale (unused otherwise)
-    i64 block_stride;         // bytes
-    i64 entry_stride;         // bytes
-    i64 dst_row_stride;       // bytes
-    i64 bt_row_stride;        // elements
-    i32 num_rows;             // T
-    i32 batch;
-    i32 block_size;
-    i32 max_blocks;           // block_table columns
-    i32 row_bytes;            // source bytes per entry
-    i32 unused;
-    i64* error;               // the runtime's debug buffer (not used)
-};
-
-// The task of block k: s[0] request (-1: none), s[1] first position, s[2] position end, s[3]
-// page (block_table column), s[4] dst row of position 0.
-__device__ __forceinline__ void find_page_task(const BaselineCacheGatherParams& p, int* s) {
-    if (threadIdx.x == 0) {
-        const int k = blockIdx.x;
-        int acc = 0;
-        s[0] = -1;
-        for (int r = 0; r < p.batch; ++r) {  // serial scan, as vLLM's kernels do
-            const int begin = min(p.cu_seq_lens[r], p.num_rows);
-            const int len = min(p.cu_seq_lens[r + 1], p.num_rows) - begin;
-            if (len <= 0) continue;
-            const int seq0 = p.seq_starts ? p.seq_starts[r] : 0;
-            const int first = seq0 / p.block_size;
-            const int pages = (seq0 + len + p.block_size - 1) / p.block_size - first;
-            if (k < acc + pages) {
-                const int page = first + (k - acc);
-                s[0] = r;
-                s[1] = max(seq0, page * p.block_size);
-                s[2] = min(seq0 + len, (page + 1) * p.block_size);
-                s[3] = page;
-                s[4] = begin - seq0;
-                break;
-            }
-            acc += pages;
-        }
-    }
-    __syncthreads();
-}
 
 extern "C" __global__ void __launch_bounds__(BASELINE_CHUNKED_THREADS)
 baseline_cp_gather(const BaselineCacheGatherParams p) {

@@ -12,22 +12,19 @@ copy from 64K tokens, <= 1.3x below, and faster than the baseline."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
+import baselines
 import paged_batch as pb
 from record import Table, mb, num, spread
 from timing import check_same, copy_fn, l2_bytes, timed
-from nvrtc_gather.jit import compiler, runtime
-from nvrtc_gather.jit.spec import Entry, KernelModule, ParamStruct
+from nvrtc_gather.jit import compiler
 from nvrtc_gather.ops import cache_gather
 from nvrtc_gather.ops.cache_gather_torch import gather_torch
 
 NAME, REPS = "chunked", 40
-HERE = Path(__file__).resolve().parent
 ENTRY = 576               # values per entry
-THREADS = 256             # the baseline's (vLLM's below 2^20 rows)
 SCALE = 0.37
 # (name, op, kv_cache_dtype, cache dtype, dst dtype, baseline entry point)
 VARIANTS = (
@@ -41,19 +38,6 @@ WORKLOADS = [  # (requests, mean context tokens per request): the MLA gather's
     (1, 65536), (1, 131072), (8, 16384), (64, 2048), (256, 1000), (1024, 256), (4096, 64), (1, 1000), (8, 100),
 ]
 TARGET_LARGE, TARGET_SMALL, LARGE_TOKENS = 1.1, 1.3, 65536  # issue 27's ratios to the copy
-
-BASELINE_PARAMS = ParamStruct("BaselineCacheGatherParams", (
-    ("src_cache", "ptr"), ("dst", "ptr"), ("block_table", "ptr"), ("cu_seq_lens", "ptr"), ("seq_starts", "ptr"),
-    ("scale", "ptr"),
-    ("block_stride", "i64"), ("entry_stride", "i64"), ("dst_row_stride", "i64"), ("bt_row_stride", "i64"),
-    ("num_rows", "i32"), ("batch", "i32"), ("block_size", "i32"), ("max_blocks", "i32"), ("row_bytes", "i32"),
-    ("unused", "i32"),
-    ("error", "ptr"),
-))
-BASELINE = KernelModule(name="baseline_cache_gather", source="baseline_mla.cu",
-                        entries=tuple(Entry(v[5]) for v in VARIANTS), params=BASELINE_PARAMS, label="baseline",
-                        threads=THREADS, source_dir=str(HERE))
-
 
 class Workload(pb.Batch):
     """One (requests x context, variant, seq_starts) call of an op: index tensors, cache and
@@ -104,19 +88,12 @@ def workloads(l2: int, device: str = "cuda", lazy: bool = False):
 
 
 def baseline(w: Workload, dst: torch.Tensor):
-    """A no-argument launch of the vLLM-style kernel on ``w`` into ``dst``: planned, loaded and
-    bound once, like the op's remembered layout."""
+    """A no-argument launch of the vLLM-style kernel on ``w`` into ``dst``, bound once."""
     p = cache_gather.plan_for(w.op, *w.args(dst))
     if p.entry_stride != p.row_bytes or p.dst_row_stride != p.dst_row_bytes or (p.src_ptr | p.dst_ptr) & 15:
         raise ValueError(f"{w.title}: the baseline takes contiguous, 16-byte aligned entries and rows only")
-    dev = torch.cuda.current_device()
-    image = BASELINE_PARAMS.image(
-        src_cache=p.src_ptr, dst=p.dst_ptr, block_table=p.bt_ptr, cu_seq_lens=p.cu_ptr, seq_starts=p.seq_ptr,
-        scale=w.scale.data_ptr(), block_stride=p.block_stride, entry_stride=p.entry_stride,
-        dst_row_stride=p.dst_row_stride, bt_row_stride=p.bt_row_stride, num_rows=p.num_rows, batch=p.batch,
-        block_size=p.block_size, max_blocks=p.max_blocks, row_bytes=p.row_bytes, unused=0)
-    go = runtime.load(BASELINE, dev, runtime.current_stream(dev)).launcher(w.entry, w.grid, image)
-    return lambda _keep=(w, dst): go(())
+    return baselines.bound(baselines.CHUNKED, w.entry, w.grid, (w, dst),
+                           **baselines.page_tasks(p, p.cu_ptr, w.scale.data_ptr(), p.row_bytes))
 
 
 def op(w: Workload, dst: torch.Tensor):
@@ -171,7 +148,7 @@ def dry_run(l2: int = 60 << 20) -> dict:
         plans.append({"workload": w.name, "variant": w.label, "seq_starts": w.seq, "requests": w.batch,
                       "tokens": w.tokens, "bytes": w.moved, "conversion": p.conversion, "baseline_grid": w.grid,
                       "tasks": w.tasks})
-    assert compiler.compile_module(BASELINE, compiler.Target("sm_90")).image, BASELINE.name
+    assert compiler.compile_module(baselines.CHUNKED, compiler.Target("sm_90")).image, baselines.CHUNKED.name
     return {"chunked_gather_workloads": plans}
 
 

@@ -72,13 +72,6 @@ class Workload:
         return out
 
 
-def _result(form, fns, w):
-    if form == "vllm bf16":
-        fns["op"]()
-        return w.out.clone()
-    return fns["op"]()
-
-
 def _cpu(form, w):
     """The CPU path's bytes of a form (where SGLang's kernels are not at hand)."""
     c, ids = w.cache.cpu(), w.ids.cpu()
@@ -98,7 +91,7 @@ def bench(opts, reps: int, flush) -> dict:
     for tokens in TOKENS:
         w = Workload(tokens, l2=l2_bytes())
         for form, fns in w.ops(kernels).items():
-            got = _result(form, fns, w)
+            got = fns["op"]() if form != "vllm bf16" else (fns["op"](), w.out.clone())[1]
             check_same("op", got, fns["sglang"]() if "sglang" in fns else _cpu(form, w).cuda(), f"{form} {tokens}")
             moved = tokens * (584 + FORMS[form])
             fns["copy"] = copy_fn(moved)

@@ -12,8 +12,7 @@ bf16 -> fp8 cast of k (the op's mix of bytes without scales or slots). "scattere
 random over the cache (the worst case), "paged" fill shuffled blocks in order (a prefill).
 
 It reaches the package through the public ops, their ``plan_*`` / ``prepared(..., module=,
-tokens_per_cta=, shape=)`` hooks and ``jit.runtime.load`` (the baseline, whose source lives
-beside this file)."""
+tokens_per_cta=, shape=)`` hooks, and the baseline through baselines.py."""
 from __future__ import annotations
 
 import ctypes
@@ -24,29 +23,24 @@ import sys
 import tempfile
 import time
 import types
-from pathlib import Path
 
 import torch
 
+import baselines
 import paged_batch as pb
 from record import Table, mb, num, spread
 from timing import check_same, copy_fn, l2_bytes, time_gpu, timed
 from nvrtc_gather.jit import compiler, driver, runtime
-from nvrtc_gather.jit.spec import Entry, KernelModule
 from nvrtc_gather.kernels import gather as gather_kernels
 from nvrtc_gather.ops import gather, indexer_k_quant, paged_layout
 from nvrtc_gather.ops.gather_torch import gather_torch
 from nvrtc_gather.ops.indexer_k_quant_torch import quant_torch
 
 NAME, REPS = "indexer", 100
-HERE = Path(__file__).resolve().parent
 HEAD_DIM, QBS = 128, 128
 NQ = HEAD_DIM // QBS
 BYTES_PER_TOKEN = HEAD_DIM + 4 * NQ  # 132: the cache's record, the gather's output
 GATHER = gather_kernels.MODULES[16]
-BASELINE_LINEAR_SCAN = KernelModule(name="baseline_linear_scan", source="baseline_linear_scan.cu",
-                                    entries=(Entry("baseline_linear_scan"),), params=gather_kernels.PARAMS,
-                                    label="baseline", source_dir=str(HERE))
 # The op's own build under another name: timing it beside the op measures the noise.
 GATHER_CONTROL = dataclasses.replace(GATHER, name="gather_indexer_k_control")
 
@@ -68,18 +62,9 @@ def add_options(ap) -> None:
     ap.add_argument("--skip-quant", action="store_true", help="skip the write op's table (quant_workloads)")
     ap.add_argument("--gather-variants", action="store_true",
                     help="also check and time the op's kernel built under another name (the noise)")
-    ap.add_argument("--gather-variant-source", action="append", default=[], metavar="FILE",
-                    help="also check and time a build of this gather source (repeatable; a file named diag_* "
-                         "is timed, not checked: experiments/no_index_loads.py)")
     ap.add_argument("--workloads", default="",
                     help="comma-separated gather workloads (BATCHxMEAN, say 1x131072,8x100) instead of all; "
                          "for experiments, not the record")
-
-
-def variant_from_source(path: str) -> KernelModule:
-    """A build of another gather source file with the op's entry points (module variant_<stem>)."""
-    src = Path(path).resolve()
-    return dataclasses.replace(GATHER, name=f"variant_{src.stem}", source=src.name, source_dir=str(src.parent))
 
 
 class GatherWorkload(pb.Batch):
@@ -120,20 +105,14 @@ def _loop_path(w: GatherWorkload, k, s):
 def baseline_prepared(w: GatherWorkload, k, s):
     """A no-argument launch of the linear-scan baseline on ``w`` into ``k``, ``s``: planned,
     loaded and bound once, like the op's remembered layout."""
-    dev = torch.cuda.current_device()
-    p = gather.plan_gather(*w.args(k, s))
-    fields, names = gather.struct_fields(p), gather_kernels.PARAMS.pointer_names
-    image = gather_kernels.PARAMS.image(**{n: v for n, v in fields.items() if n not in names})
-    per = BASELINE_LINEAR_SCAN.threads // 32
-    go = runtime.load(BASELINE_LINEAR_SCAN, dev, runtime.current_stream(dev)).launcher(
-        "baseline_linear_scan", (p.num_tokens + per - 1) // per, image)
-    pointers = tuple(fields[n] for n in names)
-    return lambda _keep=(w, k, s): go(pointers)
+    fields, names = gather.struct_fields(gather.plan_gather(*w.args(k, s))), gather_kernels.PARAMS.pointer_names
+    per = baselines.LINEAR_SCAN.threads // 32
+    return baselines.bound(baselines.LINEAR_SCAN, "baseline_linear_scan", -(-fields["num_tokens"] // per), (w, k, s),
+                           tuple(fields[n] for n in names), **{n: v for n, v in fields.items() if n not in names})
 
 
 def _gathers(opts, reps: int, flush) -> list[dict]:
-    variants = ((GATHER_CONTROL,) if opts.gather_variants else ()) + tuple(
-        variant_from_source(f) for f in opts.gather_variant_source)
+    variants = (GATHER_CONTROL,) if opts.gather_variants else ()
     workloads = [tuple(map(int, x.split("x"))) for x in opts.workloads.split(",")] if opts.workloads \
         else GATHER_WORKLOADS
     print("\n".join(GATHER_TABLE.header()), flush=True)
@@ -153,9 +132,8 @@ def _gathers(opts, reps: int, flush) -> list[dict]:
             k, s = outs[name] = w.outputs()
             impl(k, s)
             torch.cuda.synchronize()
-            if not name.startswith("variant_diag_"):  # a diagnostic build is timed, not checked
-                check_same(name, k, ref_k, w.name)
-                check_same(name, s, ref_s, w.name)
+            check_same(name, k, ref_k, w.name)
+            check_same(name, s, ref_s, w.name)
         # every gather kernel writes one pair of buffers (the same bytes): placement is no difference
         k, s = outs["op"]
         fast = {"op": lambda: impls["op"](k, s), "baseline": baseline_prepared(w, k, s), "copy": copy_fn(w.bytes_moved)}
@@ -264,7 +242,7 @@ def dry_run(l2: int = 60 << 20) -> dict:
         args, moved = _write_case(tokens, pattern, fmt, l2, device="cpu", lazy=True)
         assert indexer_k_quant.plan_quant(*args).num_tokens == tokens
         writes.append({"workload": f"quant {tokens} {pattern} {fmt}", "tokens": tokens, "bytes": moved})
-    assert compiler.compile_module(BASELINE_LINEAR_SCAN, compiler.Target("sm_90")).image
+    assert compiler.compile_module(baselines.LINEAR_SCAN, compiler.Target("sm_90")).image
     return {"workloads": gathers, "quant_workloads": writes}
 
 

@@ -9,49 +9,25 @@ the write reads 1152 B (kv_c 512 + k_pe 64 bf16 values) and writes 656 B.
 Every implementation is checked bit-exact before it is timed: the op against the torch path
 (run on the GPU), the baselines against the op (the write baseline uses vLLM's older tile-scale
 rule, so against ``ds_scale_rule="plain"``). It reaches the package through the public ops,
-their ``plan_*`` hooks and ``jit.runtime.load`` (the baselines, whose source lives beside this
-file)."""
+their ``plan_*`` hooks, and the baselines through baselines.py."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
+import baselines
 import paged_batch as pb
 from record import Table, mb, num, spread
 from timing import check_same, copy_fn, l2_bytes, timed
-from nvrtc_gather.jit import compiler, runtime
-from nvrtc_gather.jit.spec import Entry, KernelModule, ParamStruct
+from nvrtc_gather.jit import compiler
 from nvrtc_gather.ops import mla_gather, mla_write
 from nvrtc_gather.ops.mla_gather_torch import gather_torch
 from nvrtc_gather.ops.mla_write_torch import write_torch
 
 NAME, REPS = "mla", 40
-HERE = Path(__file__).resolve().parent
 RECORD = 656            # bytes per cached token
 ROW = 576               # bf16 values per gathered row
 NOPE, ROPE = 512, 64
 WRITE_READ = 2 * (NOPE + ROPE)  # 1152 bytes of bf16 input per token
-
-# Each baseline has a parameter struct of its own (benchmarks/baseline_mla.cu declares the same).
-BASELINE_GATHER_PARAMS = ParamStruct("BaselineMlaGatherParams", (
-    ("src_cache", "ptr"), ("dst", "ptr"), ("block_table", "ptr"), ("workspace_starts", "ptr"), ("seq_starts", "ptr"),
-    ("block_stride", "i64"), ("entry_stride", "i64"), ("dst_row_stride", "i64"), ("bt_row_stride", "i64"),
-    ("num_rows", "i32"), ("batch", "i32"), ("block_size", "i32"), ("unused", "i32"),
-    ("error", "ptr"),
-))
-BASELINE_WRITE_PARAMS = ParamStruct("BaselineMlaWriteParams", (
-    ("kv_c", "ptr"), ("k_pe", "ptr"), ("slot_mapping", "ptr"), ("kv_cache", "ptr"),
-    ("kv_c_row_stride", "i64"), ("k_pe_row_stride", "i64"), ("block_stride", "i64"), ("entry_stride", "i64"),
-    ("num_tokens", "i32"), ("block_size", "i32"),
-    ("error", "ptr"),
-))
-BASELINE_MLA_GATHER = KernelModule(name="baseline_mla_gather", source="baseline_mla.cu",
-                                   entries=(Entry("baseline_mla_gather"),), params=BASELINE_GATHER_PARAMS,
-                                   label="baseline", threads=512, source_dir=str(HERE))
-BASELINE_MLA_WRITE = KernelModule(name="baseline_mla_write", source="baseline_mla.cu",
-                                  entries=(Entry("baseline_mla_write"),), params=BASELINE_WRITE_PARAMS,
-                                  label="baseline", threads=96, source_dir=str(HERE))
 
 GATHER_WORKLOADS = [  # (requests, mean context tokens per request)
     (1, 65536), (1, 131072), (8, 16384), (64, 2048), (256, 1000), (1024, 256), (4096, 64), (1, 1000), (8, 100),
@@ -79,16 +55,11 @@ class GatherWorkload(pb.Batch):
 
 
 def gather_baseline(w: GatherWorkload, dst: torch.Tensor):
-    """A no-argument launch of the vLLM-style gather on ``w`` into ``dst``, bound once."""
-    dev = torch.cuda.current_device()
+    """A no-argument launch of the vLLM-style gather on ``w`` into ``dst``, bound once (w.cu:
+    batch + 1 row offsets, the op's workspace_starts and the row count)."""
     p = mla_gather.plan_gather(*w.args(dst))
-    image = BASELINE_GATHER_PARAMS.image(
-        src_cache=p.src_ptr, dst=p.dst_ptr, block_table=p.bt_ptr, workspace_starts=p.ws_ptr, seq_starts=p.seq_ptr,
-        block_stride=p.block_stride, entry_stride=p.entry_stride, dst_row_stride=p.dst_row_stride,
-        bt_row_stride=p.bt_row_stride, num_rows=p.num_rows, batch=p.batch, block_size=p.block_size, unused=0)
-    grid = -(-p.num_rows // p.block_size) + 2 * p.batch
-    go = runtime.load(BASELINE_MLA_GATHER, dev, runtime.current_stream(dev)).launcher("baseline_mla_gather", grid, image)
-    return lambda _keep=(w, dst): go(())
+    return baselines.bound(baselines.MLA_GATHER, "baseline_mla_gather", -(-p.num_rows // p.block_size) + 2 * p.batch,
+                           (w, dst), **baselines.page_tasks(p, w.cu.data_ptr()))
 
 
 def _gathers(reps: int, flush) -> list[dict]:
@@ -135,15 +106,12 @@ class WriteWorkload:
 
 def write_baseline(w: WriteWorkload, cache: torch.Tensor):
     """A no-argument launch of the vLLM-style write on ``w`` into ``cache``, bound once."""
-    dev = torch.cuda.current_device()
     p = mla_write.plan_write(*w.args(cache))
-    image = BASELINE_WRITE_PARAMS.image(
-        kv_c=p.kv_c_ptr, k_pe=p.k_pe_ptr, slot_mapping=p.slot_ptr, kv_cache=p.kv_ptr,
-        kv_c_row_stride=p.kv_c_row_stride, k_pe_row_stride=p.k_pe_row_stride, block_stride=p.block_stride,
-        entry_stride=p.entry_stride, num_tokens=p.num_tokens, block_size=p.block_size)
-    go = runtime.load(BASELINE_MLA_WRITE, dev, runtime.current_stream(dev)).launcher(
-        "baseline_mla_write", p.num_tokens, image)
-    return lambda _keep=(w, cache): go(())
+    return baselines.bound(
+        baselines.MLA_WRITE, "baseline_mla_write", p.num_tokens, (w, cache), kv_c=p.kv_c_ptr, k_pe=p.k_pe_ptr,
+        slot_mapping=p.slot_ptr, kv_cache=p.kv_ptr, kv_c_row_stride=p.kv_c_row_stride,
+        k_pe_row_stride=p.k_pe_row_stride, block_stride=p.block_stride, entry_stride=p.entry_stride,
+        num_tokens=p.num_tokens, block_size=p.block_size)
 
 
 def _writes(reps: int, flush) -> list[dict]:
@@ -194,7 +162,7 @@ def dry_run(l2: int = 60 << 20) -> dict:
         w = WriteWorkload(tokens, pattern, l2, seed=tokens + (pattern == "paged"), device="cpu", lazy=True)
         assert mla_write.plan_write(*w.args(w.cache)).num_tokens == tokens, w.name
         writes.append({"workload": w.name, "requests": w.requests, "tokens": tokens, "bytes": w.moved})
-    for m in (BASELINE_MLA_GATHER, BASELINE_MLA_WRITE):
+    for m in (baselines.MLA_GATHER, baselines.MLA_WRITE):
         assert compiler.compile_module(m, compiler.Target("sm_90")).image, m.name
     return {"mla_gather_workloads": gathers, "mla_write_workloads": writes}
 

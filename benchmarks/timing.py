@@ -10,7 +10,7 @@ import time
 import torch
 
 _SPIN_CYCLES = 100_000  # ~50 µs at the H200's 1.98 GHz
-SMALL_TOKENS = 100_000  # calls below this are noisy: more runs for them (reps_for)
+SMALL_TOKENS = 100_000  # calls below this are noisy: more runs for them (timed)
 
 
 def l2_bytes() -> int:
@@ -69,23 +69,16 @@ def time_gpu(fn, flush: torch.Tensor, reps: int) -> float:
     return statistics.median(time_samples({"fn": fn}, flush, reps)["fn"])
 
 
-def summarize(row: dict, samples: dict[str, list[float]]) -> None:
-    """``<name>_us`` (median) and ``<name>_spread_us`` ([10th, 90th] percentile) per function."""
-    for k, xs in samples.items():
+def timed(row: dict, fns: dict, flush: torch.Tensor, reps: int, small_factor: int = 3) -> dict:
+    """``row`` (its "tokens" and "bytes" set) with the interleaved timings of ``fns`` ("op" and
+    "copy", maybe "baseline" and others): ``<name>_us`` (median) and ``<name>_spread_us`` ([10th,
+    90th] percentile) each, and their ratios. ``reps`` runs each, ``small_factor`` times as many
+    below SMALL_TOKENS."""
+    n = max(5, reps if row["tokens"] >= SMALL_TOKENS else small_factor * reps)
+    for k, xs in time_samples(fns, flush, n).items():
         q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
         row[f"{k}_us"] = statistics.median(xs)
         row[f"{k}_spread_us"] = [round(q[0], 2), round(q[-1], 2)]
-
-
-def reps_for(tokens: int, reps: int, small_factor: int) -> int:
-    """Timed runs of a row: ``reps``, ``small_factor`` times as many below SMALL_TOKENS."""
-    return max(5, reps if tokens >= SMALL_TOKENS else small_factor * reps)
-
-
-def timed(row: dict, fns: dict, flush: torch.Tensor, reps: int, small_factor: int = 3) -> dict:
-    """``row`` (its "tokens" and "bytes" set) with the interleaved timings of ``fns`` ("op" and
-    "copy", maybe "baseline" and others: medians and spreads) and their ratios."""
-    summarize(row, time_samples(fns, flush, reps_for(row["tokens"], reps, small_factor)))
     return ratios(row)
 
 

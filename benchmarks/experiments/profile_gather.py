@@ -20,13 +20,10 @@ WORKLOADS = [(1, 131072), (64, 2048), (4, 32768), (1, 70000), (1, 40000), (8, 13
 REPS = 15
 
 
-def configs():
-    """(label, benchmark build or None for the op, rows per block or None for the op's rule;
-    at head_dim 128, 256 rows run the wide kernels)."""
-    import indexer
-    out = [("op", None, None), ("control", indexer.GATHER_CONTROL, None)]
-    out += [("op, 16K blocks", None, 128), ("op, 32K wide", None, 256), ("linear scan", "baseline", None)]
-    return out
+# (label, benchmark build or None for the op, rows per block or None for the op's rule; at
+# head_dim 128, 256 rows run the wide kernels): "baseline" is the linear scan
+CONFIGS = (("op", None, None), ("control", "control", None), ("op, 16K blocks", None, 128),
+           ("op, 32K wide", None, 256), ("linear scan", "baseline", None))
 
 
 def run(workloads) -> None:
@@ -35,20 +32,16 @@ def run(workloads) -> None:
     import indexer
     import timing
     from nvrtc_gather.ops import gather
-    l2 = timing.l2_bytes()
     for batch, mean in workloads:
-        w = indexer.GatherWorkload(batch, mean, l2, seed=batch * 7 + mean)
+        w = indexer.GatherWorkload(batch, mean, timing.l2_bytes(), seed=batch * 7 + mean)
         k, s = w.outputs()
-        args = w.args(k, s)
-        for label, module, tpc in configs():
-            if module == "baseline":
-                fn = indexer.baseline_prepared(w, k, s)
-            else:
-                fn = gather.prepared(*args, module=module, tokens_per_cta=tpc)
+        for _, module, tpc in CONFIGS:
+            fn = indexer.baseline_prepared(w, k, s) if module == "baseline" else gather.prepared(
+                *w.args(k, s), module=indexer.GATHER_CONTROL if module else None, tokens_per_cta=tpc)
             for _ in range(REPS):
                 fn()
         torch.cuda.synchronize()
-        print(f"{w.name}: {len(configs())} configurations x {REPS}", file=sys.stderr)
+        print(f"{w.name}: {len(CONFIGS)} configurations x {REPS}", file=sys.stderr)
 
 
 def report(path: str, workloads) -> None:
@@ -59,7 +52,7 @@ def report(path: str, workloads) -> None:
     for r in rows:
         per_launch.setdefault(int(r[col["ID"]]), {})[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", ""))
     launches = [per_launch[i] for i in sorted(per_launch)]
-    names = [c[0] for c in configs()]
+    names = [c[0] for c in CONFIGS]
     print("kernel duration, median us (shared-memory carve-out the driver chose)")
     print(f"{'workload':>10} " + " ".join(f"{n[:18]:>18}" for n in names))
     i = 0
@@ -76,15 +69,11 @@ def report(path: str, workloads) -> None:
         print(f"warning: {len(launches)} launches profiled, {i} expected")
 
 
-def _workloads(args):
-    """Workloads named on the command line as BATCHxMEAN, else WORKLOADS."""
-    return [tuple(int(x) for x in a.split("x")) for a in args] or WORKLOADS
-
-
 if __name__ == "__main__":
+    named = [tuple(int(x) for x in a.split("x")) for a in sys.argv[2 + (sys.argv[1:2] == ["report"]):]] or WORKLOADS
     if sys.argv[1:2] == ["run"]:
-        run(_workloads(sys.argv[2:]))
+        run(named)
     elif sys.argv[1:2] == ["report"] and len(sys.argv) >= 3:
-        report(sys.argv[2], _workloads(sys.argv[3:]))
+        report(sys.argv[2], named)
     else:
         sys.exit(__doc__)

@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define NG_EMU_THREADS 256  // NG_THREADS of common.cuh, checked below
+#define NG_EMU_THREADS NG_THREADS  // the module's threads per block (-DNG_THREADS from its spec)
 
 static std::atomic<int> emu_fault_count{0};
 static inline void emu_check_align(const void* p, unsigned long n) {
@@ -189,7 +189,7 @@ static unsigned int __ballot_sync(unsigned int mask, bool pred) {
 #include KERNEL_FILE
 #include KERNEL_ENTRIES  // the extern "C" entry points the modules' specs generate (host_emu.py)
 
-static_assert(NG_THREADS == NG_EMU_THREADS, "emulator block size");
+static_assert(NG_EMU_THREADS % 32 == 0 && NG_EMU_THREADS <= 1024, "emulator block size: whole warps, at most 1024");
 
 typedef void (*EmuKernel)(const KERNEL_PARAMS);
 
