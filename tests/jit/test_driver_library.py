@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nvrtc_gather.errors import CudaError, MissingDependencyError
-from nvrtc_gather.jit import driver, runtime
+from nvrtc_gather.jit import build, driver, runtime
 from nvrtc_gather.kernels import gather as gather_kernels
 
 SOURCE = Path(__file__).parents[1] / "helpers" / "fake_libcuda.c"
@@ -113,3 +113,14 @@ def test_a_loaded_kernel_launches_with_its_grid_block_stream_and_parameters(lib)
     lib.fake_set_current(None)  # no context current: refused, then launched with 0x1000 pushed
     go(pointers)
     assert (lib.fake_launches(), lib.fake_ctx_depth()) == (2, 0)
+
+
+def test_an_image_from_the_disk_cache_loads_as_a_fresh_compile_does(lib, monkeypatch):
+    module = gather_kernels.MODULES[16]
+    compiles = build.stats["compiles"]
+    runtime.load(module, 0)
+    monkeypatch.setattr(runtime, "_libraries", {})  # a fresh process: the image comes from the disk cache
+    monkeypatch.setattr(runtime, "_loaded", {})
+    again = runtime.load(module, 0)
+    assert build.stats["compiles"] == compiles + 1 and set(again.functions) == set(module.kernels)
+    assert runtime.load(module, 1).functions  # device 1, an sm_80: its own image, compiled
