@@ -3,6 +3,7 @@ every entry point is bound by name with the argument types, order and out-parame
 real libcuda.so.1 has, the errors say what to do, and a kernel loaded and launched by
 runtime.py reaches the library with its grid, block, stream and parameters. No GPU needed."""
 import ctypes
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -124,3 +125,34 @@ def test_an_image_from_the_disk_cache_loads_as_a_fresh_compile_does(lib, monkeyp
     again = runtime.load(module, 0)
     assert build.stats["compiles"] == compiles + 1 and set(again.functions) == set(module.kernels)
     assert runtime.load(module, 1).functions  # device 1, an sm_80: its own image, compiled
+
+
+def _kind(c_type) -> str:
+    return {ctypes.c_int: "int", ctypes.c_uint: "uint"}.get(c_type, "ptr")
+
+
+def _declared_kind(param: str) -> str:
+    """A C parameter of cuda-bindings' cydriver.pxd as its ABI kind: pointers and the opaque
+    handles are pointers; CUdevice, the enums and int are int."""
+    handles = ("CUlibrary ", "CUcontext ", "CUkernel ", "CUfunction ", "CUstream ")
+    if "*" in param or param.startswith(handles):
+        return "ptr"
+    return "uint" if param.startswith("unsigned int") else "int"
+
+
+def test_every_bound_entry_point_has_the_drivers_declared_signature():
+    """Our ctypes argument types against the C prototypes NVIDIA ships with cuda-bindings
+    (cydriver.pxd), and the attribute and result codes against its enums."""
+    import cuda.bindings
+    from cuda.bindings import driver as bindings  # its enums only: no driver call is made
+    pxd = (Path(cuda.bindings.__file__).parent / "cydriver.pxd").read_text()
+    for name, (_symbol, *argtypes) in driver._SIGNATURES.items():
+        proto = re.search(rf"^\s*cdef CUresult {name}\((.*?)\)", pxd, re.M)
+        assert proto, f"{name} is not declared in cydriver.pxd"
+        assert [_kind(t) for t in argtypes] == [_declared_kind(p.strip()) for p in proto[1].split(",")], name
+    a = bindings.CUdevice_attribute
+    assert (driver._MULTIPROCESSOR_COUNT, driver._CC_MAJOR, driver._CC_MINOR) == (
+        int(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), int(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+        int(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    for code in driver._HINTS:
+        assert bindings.CUresult(code).name.startswith("CUDA_ERROR_"), code
