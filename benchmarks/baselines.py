@@ -53,10 +53,15 @@ def bound(module: KernelModule, entry: str, grid: int, keep, pointers: tuple = (
     return lambda _keep=keep: go(pointers)
 
 
+def page_task_grid(num_rows: int, block_size: int, batch: int) -> int:
+    """The page-task kernels' grid, as vLLM sizes it: enough blocks for every (request, page)."""
+    return -(-num_rows // block_size) + 2 * batch
+
+
 def page_tasks(p, cu_seq_lens: int, scale: int = 0, row_bytes: int = 0) -> dict:
     """PAGE_TASK_PARAMS' fields from an op's plan ``p`` (the MLA gather's or a chunked gather's):
     ``cu_seq_lens`` is the address of batch + 1 row offsets."""
     return dict(src_cache=p.src_ptr, dst=p.dst_ptr, block_table=p.bt_ptr, cu_seq_lens=cu_seq_lens,
                 seq_starts=p.seq_ptr, scale=scale, block_stride=p.block_stride, entry_stride=p.entry_stride,
                 dst_row_stride=p.dst_row_stride, bt_row_stride=p.bt_row_stride, num_rows=p.num_rows, batch=p.batch,
-                block_size=p.block_size, max_blocks=getattr(p, "max_blocks", 0), row_bytes=row_bytes, unused=0)
+                block_size=p.block_size, max_blocks=p.max_blocks, row_bytes=row_bytes, unused=0)

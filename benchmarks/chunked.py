@@ -58,7 +58,7 @@ class Workload(pb.Batch):
         # the baseline's tasks: one per (request, page) with rows, as vLLM's kernels count them
         self.tasks = sum(math.ceil((s + n) / pb.BLOCK_SIZE) - s // pb.BLOCK_SIZE
                          for s, n in zip(self.starts, self.lens) if n)
-        self.grid = -(-self.tokens // pb.BLOCK_SIZE) + 2 * batch
+        self.grid = baselines.page_task_grid(self.tokens, pb.BLOCK_SIZE, batch)
         self.title = f"{self.name} {self.label}{' seq_starts' if seq_starts else ''}"
 
     def dst(self) -> torch.Tensor:

@@ -58,8 +58,9 @@ def gather_baseline(w: GatherWorkload, dst: torch.Tensor):
     """A no-argument launch of the vLLM-style gather on ``w`` into ``dst``, bound once (w.cu:
     batch + 1 row offsets, the op's workspace_starts and the row count)."""
     p = mla_gather.plan_gather(*w.args(dst))
-    return baselines.bound(baselines.MLA_GATHER, "baseline_mla_gather", -(-p.num_rows // p.block_size) + 2 * p.batch,
-                           (w, dst), **baselines.page_tasks(p, w.cu.data_ptr()))
+    grid = baselines.page_task_grid(p.num_rows, p.block_size, p.batch)
+    return baselines.bound(baselines.MLA_GATHER, "baseline_mla_gather", grid, (w, dst),
+                           **baselines.page_tasks(p, w.cu.data_ptr()))
 
 
 def _gathers(reps: int, flush) -> list[dict]:

@@ -65,7 +65,6 @@ __device__ __forceinline__ u32 block_prefix_sat(u32 v, u32* s_warp, u32* total) 
 
 #define WINDOW_REQS 64  // W >= 4 columns
 
-// A page id as the row's location needs it: the id where it is in [0, num_pages), else -1.
 // Request r's length as the kernel counts it: 0 past the batch, and 0 for a value that is negative
 // or past int32 (reported in debug mode). NOW: the uncached load (index_k_read_tiny's).
 template <typename LT, bool NOW>
@@ -78,6 +77,7 @@ __device__ __forceinline__ u32 length_of(const IndexKReadParams& p, u32 r) {
     return 0;
 }
 
+// A page id as the row's location needs it: the id where it is in [0, num_pages), else -1.
 __device__ __forceinline__ int valid_page(i64 page, int num_pages) {
     return page >= 0 && page < num_pages ? (int)page : -1;
 }

@@ -115,11 +115,17 @@ def error_name(code: int) -> str:
     return name.value.decode() if rc == 0 and name.value else "CUresult"
 
 
+def fail(call: str, code: int):
+    """Raise the CudaError of driver call ``call`` returning ``code``: its name, and what to do
+    where we know."""
+    raise CudaError(call, code, error_name(code), _HINTS.get(code, ""))
+
+
 def _call(name: str, *args, label: str | None = None) -> None:
-    """Call entry point ``name``; CudaError (with what to do, where we know) unless CUDA_SUCCESS."""
+    """Call entry point ``name``; CudaError unless CUDA_SUCCESS."""
     code = getattr(_lib(), name)(*args)
     if code != 0:
-        raise CudaError(label or name, code, error_name(code), _HINTS.get(code, ""))
+        fail(label or name, code)
 
 
 _init_lock = threading.Lock()
@@ -227,7 +233,7 @@ def in_primary_context(device: int, fn):
         return fn()
     rc = r.ctx_push(ctx)
     if rc != 0:
-        raise CudaError("cuCtxPushCurrent", rc, error_name(rc), _HINTS.get(rc, ""))
+        fail("cuCtxPushCurrent", rc)
     try:
         return fn()
     finally:

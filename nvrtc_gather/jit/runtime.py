@@ -131,7 +131,7 @@ def _after_refusal(rc: int, raw, cfg_addr, function, params, cur, cur_ref, conte
     if cur.value != context:
         rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
     if rc:
-        raise CudaError("cuLaunchKernelEx", rc, driver.error_name(rc))
+        driver.fail("cuLaunchKernelEx", rc)
 
 
 _lock = threading.RLock()

@@ -44,7 +44,7 @@ def test_the_chunked_baseline_is_byte_exact_on_the_emulator(baselines, tmp_path_
     args = case.cp_args() if op == "cp_gather_cache" else case.dequant_args("fp8" if "fp8" in entry else "auto")
     p = cache_gather.plan_for(op, *args)
     assert p.entry_stride == p.row_bytes and p.dst_row_stride == p.dst_row_bytes  # what the baseline takes
-    grid = -(-p.num_rows // p.block_size) + 2 * p.batch
+    grid = baselines.page_task_grid(p.num_rows, p.block_size, p.batch)
     emu_launch(_emulated(tmp_path_factory, baselines.CHUNKED), baselines.PAGE_TASK_PARAMS, entry, grid,
                baselines.page_tasks(p, p.cu_ptr, case.scale.data_ptr(), p.row_bytes))
     assert torch.equal(case.dst_store, reference(case)), (entry, case.desc)
@@ -58,7 +58,7 @@ def test_the_mla_gather_baseline_is_byte_exact_on_the_emulator(baselines, tmp_pa
     p = mla_gather.plan_gather(*case.args())
     # the benchmark's workspace_starts carry one more entry, the row count: the baseline reads it
     cu = torch.tensor(case.workspace_starts.tolist()[:case.batch] + [p.num_rows], dtype=torch.int32)
-    grid = -(-p.num_rows // p.block_size) + 2 * p.batch
+    grid = baselines.page_task_grid(p.num_rows, p.block_size, p.batch)
     emu_launch(_emulated(tmp_path_factory, baselines.MLA_GATHER), baselines.PAGE_TASK_PARAMS, "baseline_mla_gather", grid,
                baselines.page_tasks(p, cu.data_ptr()))
     assert torch.equal(case.dst_store, gather_reference(case)), case.desc
