@@ -74,3 +74,17 @@ __device__ __forceinline__ int ng_ldg_now(const int* p) {
     return __ldg(p);
 #endif
 }
+
+// A 4-byte load that stays ahead of the stores written after it: a coherent ld.global, which
+// ptxas may not move below a store that could alias it. An .nc load (__ldg, ng_ldg_now) it may:
+// it scheduled a warp-row copy's scale load after the row's value store, so the scale's DRAM
+// round trip followed the values' instead of sharing it (sm_90 SASS; tests/jit/test_sass_order.py).
+__device__ __forceinline__ u32 ng_ld_ordered(const u32* p) {
+#ifdef __CUDA_ARCH__
+    u32 v;
+    asm volatile("ld.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return *p;
+#endif
+}

@@ -81,8 +81,8 @@ __device__ __forceinline__ void copy_tile(const u8* kv_cache, i64 block_stride, 
 
 // One row copied by one warp (the tiny shapes, a warp a row): vpt vectors of V from src to dst,
 // scale_words 4-byte words from ssrc to sdst. The first vector and scale word are both loaded
-// before either is stored (a load may not move above a store that could alias it), so the two
-// share one round trip.
+// before either is stored, so the two share one DRAM round trip: the scale word through
+// ng_ld_ordered, which ptxas cannot sink below the value store (an .nc load it did).
 template <typename V>
 __device__ __forceinline__ void copy_row_by_warp(const V* src, V* dst, int vpt, const u32* ssrc, u32* sdst,
                                                  int scale_words, int lane) {
@@ -90,7 +90,7 @@ __device__ __forceinline__ void copy_row_by_warp(const V* src, V* dst, int vpt, 
     V v;
     u32 sw = 0;
     if (has_v) v = __ldg(src + lane);
-    if (has_s) sw = __ldg(ssrc + lane);
+    if (has_s) sw = ng_ld_ordered(ssrc + lane);
     if (has_v) dst[lane] = v;
     if (has_s) sdst[lane] = sw;
     for (int c = lane + 32; c < vpt; c += 32) dst[c] = __ldg(src + c);

@@ -1,0 +1,103 @@
+"""The order ptxas gives a small call's loads, read in the sm_90 SASS of NVRTC's cubin (NVIDIA's
+nvdisasm, from the nvidia-cuda-nvdisasm wheel of the test extra; no GPU).
+
+A small call's time is its chain of dependent DRAM round trips. In the warp-a-row entries of the
+indexer gather and the index-K read, a row's value vector and its scale word are loaded in one
+round trip: both loads issue before either store. ptxas may move an .nc load below a store (it
+did: the index-K read's scale load came after the value store, a second round trip), so the scale
+word is loaded with ng_ld_ordered (a coherent ld.global, the only one in these entries), and this
+checks its place: after the row's request and page are found (the last warp shuffle or vote)
+and before any store of copied data."""
+import dataclasses
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvrtc_gather.jit import compiler
+from nvrtc_gather.kernels import gather, index_k_read
+
+WARP_ROW_ENTRIES = [(m, e) for m in (*gather.MODULES.values(), *index_k_read.MODULES.values())
+                    for e in m.kernels if e.endswith("_tiny")]
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_ERROR_SLOT = re.compile(r"\+0x(8|10|18)\]")  # ng_report's stores: err[1..3], after its atomic
+
+
+def nvdisasm() -> str | None:
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else ()):
+        for found in sorted(Path(root).glob("*/bin/nvdisasm")):
+            return str(found)
+    return shutil.which("nvdisasm")
+
+
+@pytest.fixture(scope="module")
+def sass(tmp_path_factory):
+    tool = nvdisasm()
+    if tool is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm: the test extra has it)")
+    texts = {}
+
+    def of(module) -> dict[str, list[tuple[str, str]]]:
+        if module.name not in texts:
+            cubin = tmp_path_factory.mktemp("sass") / f"{module.name}.cubin"
+            cubin.write_bytes(compiler.compile_module(module, compiler.Target("sm_90")).image)
+            out = subprocess.run([tool, str(cubin)], capture_output=True, check=True, text=True).stdout
+            entries, current = {}, None
+            for line in out.splitlines():
+                if line.startswith(".text."):
+                    current = entries.setdefault(line[len(".text."):].rstrip(":"), [])
+                elif current is not None and (m := _INSTRUCTION.search(line)):
+                    current.append((m.group(1), m.group(2)))
+            texts[module.name] = entries
+        return texts[module.name]
+    return of
+
+
+_VALUE_LOAD = {16: ("LDG.E.128.CONSTANT", "STG.E.128"), 8: ("LDG.E.64.CONSTANT", "STG.E.64"),
+               4: ("LDG.E.CONSTANT", "STG.E")}
+
+
+def round_trip_problem(code: list[tuple[str, str]], vec: int) -> str | None:
+    """What puts a second round trip into a warp-a-row entry's copy, or None."""
+    ordered = [i for i, (op, _) in enumerate(code) if op == "LDG.E"]
+    if len(ordered) != 1:
+        return f"expected one coherent scale load (ng_ld_ordered), found {len(ordered)}"
+    at = ordered[0]
+    search_end = max(i for i, (op, _) in enumerate(code[:at]) if op.startswith(("SHFL", "VOTE")))
+    early = [f"{op} {args}" for op, args in code[search_end:at]
+             if op.startswith("STG") and not args.endswith(", RZ") and not _ERROR_SLOT.search(args)]
+    if early:
+        return f"stores before the row's scale load (a second round trip): {early}"
+    load, store = _VALUE_LOAD[vec]
+    first_store = next((i for i in range(at, len(code)) if code[i][0] == store and not code[i][1].endswith(", RZ")),
+                       None)
+    if first_store is None:
+        return f"no {store} (the row's value store) after it"
+    if not any(op == load for op, _ in code[search_end:first_store]):
+        return f"no {load} (the row's value vector) before the value store"
+    return None
+
+
+@pytest.mark.parametrize("module, entry", WARP_ROW_ENTRIES, ids=[e for _, e in WARP_ROW_ENTRIES])
+def test_a_rows_scale_load_issues_before_its_value_store(sass, module, entry):
+    vec = int(re.search(r"_v(\d+)", entry).group(1))
+    assert round_trip_problem(sass(module)[entry], vec) is None, entry
+
+
+def test_the_check_finds_a_value_store_issued_before_the_scale_load(sass, monkeypatch):
+    """The copy with its scale load written after the value store: the check reports it (it is
+    not a check that passes on any code)."""
+    from nvrtc_gather.jit import sources
+    real = sources.read_source
+    before = "    if (has_s) sw = ng_ld_ordered(ssrc + lane);\n    if (has_v) dst[lane] = v;\n"
+    after = "    if (has_v) dst[lane] = v;\n    if (has_s) sw = ng_ld_ordered(ssrc + lane);\n"
+    assert before in real("tile_copy.cuh")
+    monkeypatch.setattr(sources, "read_source", lambda n: real(n).replace(before, after))
+    module = index_k_read.MODULES[16, "i32", "i32"]
+    code = sass(dataclasses.replace(module, name=module.name + "_store_first"))
+    problem = round_trip_problem(code[index_k_read.entry_name(16, "i32", "i32", "tiny")], 16)
+    assert problem is not None and problem.startswith("stores before the row's scale load"), problem
