@@ -173,9 +173,8 @@ def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int
     """The call on a checked layout: the outputs (fresh: they cannot overlap the inputs) and one
     launch with this call's grid; None when the pointers are not 4-byte aligned (only buf's
     pointer, the layer's, changes between calls of a layout)."""
-    dev = buf.device
-    k = torch.empty(seq_len_sum, layout.head_dim, dtype=_U8, device=dev)
-    s = torch.empty(seq_len_sum, layout.scale_bytes, dtype=_U8, device=dev)
+    k = buf.new_empty(seq_len_sum, layout.head_dim)  # uint8 on buf's device, as torch.empty(..., dtype, device)
+    s = buf.new_empty(seq_len_sum, layout.scale_bytes)
     if not seq_len_sum:
         return k, s
     kv_p, k_p = buf.data_ptr(), k.data_ptr()
