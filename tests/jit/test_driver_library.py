@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.nvidia_files import nvidia_file
 from nvrtc_gather.errors import CudaError, MissingDependencyError
 from nvrtc_gather.jit import build, driver, runtime
 from nvrtc_gather.kernels import gather as gather_kernels
@@ -156,3 +157,18 @@ def test_every_bound_entry_point_has_the_drivers_declared_signature():
         int(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
     for code in driver._HINTS:
         assert bindings.CUresult(code).name.startswith("CUDA_ERROR_"), code
+
+
+def test_every_entry_point_is_bound_by_the_name_cuda_h_gives_it():
+    """cuda.h maps some API names to versioned symbols (``#define cuCtxPushCurrent
+    cuCtxPushCurrent_v2``); libcuda keeps the unversioned ones for old binaries, with the old
+    meaning, so a wrong name would still bind. Each symbol we bind is the one cuda.h (NVIDIA's
+    nvidia-cuda-runtime wheel, of the test extra) compiles a call to, the default stream's form."""
+    header = nvidia_file("*/include/cuda.h")
+    if header is None:
+        pytest.skip("cuda.h not installed (pip install nvidia-cuda-runtime: the test extra has it)")
+    text = header.read_text(errors="replace")
+    for name, (symbol, *_args) in driver._SIGNATURES.items():
+        assert re.search(rf"CUresult CUDAAPI {name}\(", text), f"{name} is not declared in {header}"
+        defined = re.search(rf"^\s*#\s*define\s+{name}\s+(\w+)\s*$", text, re.M)
+        assert symbol == (defined[1] if defined else name), f"{name}: cuda.h calls {defined and defined[1]}, we bind {symbol}"

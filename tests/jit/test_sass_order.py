@@ -9,14 +9,13 @@ word is loaded with ng_ld_ordered (a coherent ld.global, the only one in these e
 checks its place: after the row's request and page are found (the last warp shuffle or vote)
 and before any store of copied data."""
 import dataclasses
-import importlib.util
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from helpers.nvidia_files import nvidia_file
 from nvrtc_gather.jit import compiler
 from nvrtc_gather.kernels import gather, index_k_read
 
@@ -27,11 +26,8 @@ _ERROR_SLOT = re.compile(r"\+0x(8|10|18)\]")  # ng_report's stores: err[1..3], a
 
 
 def nvdisasm() -> str | None:
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations if spec else ()):
-        for found in sorted(Path(root).glob("*/bin/nvdisasm")):
-            return str(found)
-    return shutil.which("nvdisasm")
+    found = nvidia_file("*/bin/nvdisasm")
+    return str(found) if found else shutil.which("nvdisasm")
 
 
 @pytest.fixture(scope="module")
