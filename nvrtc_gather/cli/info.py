@@ -134,34 +134,48 @@ def _bindings_vs_nvrtc(notes) -> None:
                  f"{cuda_packages.driver_match_hint(bindings)}.")
 
 
-def _vllm(lines, notes, nv) -> None:
-    """What the vLLM plugin will do in a vLLM process of this environment (``info`` runs in its
-    own process: inside vLLM, ``nvrtc_gather.integrations.vllm.status()`` says what it did);
-    a warning where it is installed and on but NVRTC (``nv``: None) is not usable."""
+def _plugins(lines, notes, nv) -> None:
+    """What the vLLM and SGLang plugins will do in an engine process of this environment (``info``
+    runs in its own process: inside the engine, ``integrations.<engine>.status()`` says what was
+    done); a warning where one is installed and on but NVRTC (``nv``: None) is not usable, and for
+    an invalid ops list (a bad on/off switch is one of _variables' warnings already)."""
+    from ..integrations import activation, sglang_activation
+
+    def sglang_methods():
+        return tuple(sglang_activation.OPS[op] for op in sglang_activation.sglang_ops())
+
+    for label, group, enabled, ops, env, engine in (
+            ("vLLM", "vllm.general_plugins", activation.vllm_enabled, activation.vllm_ops, activation.ENABLE_ENV,
+             "vllm"),
+            ("SGLang", "sglang.srt.plugins", sglang_activation.sglang_enabled, sglang_methods,
+             sglang_activation.ENABLE_ENV, "sglang")):
+        lines.append((f"{label} plugin", _plugin(label, group, enabled, ops, env, notes, nv, engine)))
+
+
+def _plugin(label, group, enabled, ops, enable_env, notes, nv, engine) -> str:
     from importlib import metadata
 
     from ..errors import InvalidSettingError
-    from ..integrations import activation
 
     try:
-        found = any(ep.name == "nvrtc_gather" for ep in metadata.entry_points(group="vllm.general_plugins"))
+        found = any(ep.name == "nvrtc_gather" for ep in metadata.entry_points(group=group))
     except Exception:
         found = False
     where = "entry point installed" if found else "entry point not installed (a checkout on PYTHONPATH?)"
     try:
-        if not activation.vllm_enabled():
-            will = f"switched off by {activation.ENABLE_ENV}"
+        if not enabled():
+            will = f"switched off by {enable_env}"
         else:
-            will = "replaces " + ", ".join(activation.vllm_ops()) + " in vLLM processes"
+            will = "replaces " + ", ".join(ops()) + f" in {label} processes"
             if found and nv is None:
-                notes.append(f"the vLLM plugin is installed and on, but NVRTC is not usable here (see NVRTC above): "
-                             f"vLLM's workers will fail at startup loading its kernels. Install NVRTC as the NVRTC "
-                             f"line says, or set {activation.ENABLE_ENV}=0 to leave vLLM's own kernels in place.")
-    except ValueError as exc:  # a bad NVRTC_GATHER_VLLM is one of _variables' warnings already
+                notes.append(f"the {label} plugin is installed and on, but NVRTC is not usable here (see NVRTC above): "
+                             f"{label}'s workers will fail at startup loading its kernels. Install NVRTC as the NVRTC "
+                             f"line says, or set {enable_env}=0 to leave {label}'s own kernels in place.")
+    except ValueError as exc:
         will = "INVALID setting"
         if not isinstance(exc, InvalidSettingError):
             notes.append(str(exc))
-    lines.append(("vLLM plugin", f"{where}; {will} (in a vLLM process: integrations.vllm.status())"))
+    return f"{where}; {will} (inside {label}: integrations.{engine}.status())"
 
 
 def _variables(lines, notes) -> None:
@@ -187,7 +201,7 @@ def collect() -> tuple[list[tuple[str, str]], list[str]]:
     _driver(lines, notes, nv)
     _torch(lines)
     _cache(lines)
-    _vllm(lines, notes, nv)
+    _plugins(lines, notes, nv)
     _variables(lines, notes)
     return lines, notes
 

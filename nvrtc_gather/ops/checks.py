@@ -65,7 +65,7 @@ def aligned(name: str, what: str, value: int, to: int = 4) -> None:
     if value % to:
         raise ValueError(
             f"{name}: {what} ({value}) must be a multiple of {to} bytes for aligned device access; "
-            "pass a tensor whose data pointer and row stride are 4-byte aligned"
+            f"pass a tensor whose data pointer and row stride are {to}-byte aligned"
         )
 
 

@@ -73,12 +73,16 @@ def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayou
                              f"{spec.RECORD_BYTES} = {page_size * spec.RECORD_BYTES}], got shape {tuple(cache.shape)}")
         if cache.size(1) > 1 and cache.stride(1) != 1:
             checks.unit_inner_stride(name, cache)
+        if cache.size(0) > 1 and cache.stride(0) < page_size * spec.RECORD_BYTES:
+            raise ValueError(f"{name}: pages overlap: stride(0) = {cache.stride(0)} bytes is less than a page's "
+                             f"page_size * {spec.RECORD_BYTES} = {page_size * spec.RECORD_BYTES}")
     num_pages, page_stride = cache.size(0), cache.stride(0)
     checks.fits_int32(name, "num_pages * page_size", num_pages * page_size)
+    if num_pages > 1:  # on every device: the kernel's 16-byte accesses need it, and CPU gives CUDA's answer
+        checks.aligned(name, "stride(0)", page_stride, 16)
     dev = cache.device
     if dev.type != "cuda":
         return CacheLayout(-1, num_pages, page_size, page_stride, None, {})
-    checks.aligned(name, "stride(0)", page_stride, 16)
     image = spec.PARAMS.image(page_stride=page_stride, num_slots=num_pages * page_size, page_size=page_size,
                               num_pages=num_pages)
     return CacheLayout(dev.index, num_pages, page_size, page_stride, image, {})
@@ -98,6 +102,8 @@ def _remembered(cache, page_size, name, three_d) -> CacheLayout:
     if layout is None:
         layout = _cache_layout(cache, page_size, name, three_d)
         _layouts.remember(key, layout)
+    elif layout.device < 0:  # the CPU path reads values, not bytes: a negative view is refused on every call
+        checks.tensor(name, cache)
     return layout
 
 
@@ -119,11 +125,21 @@ def _aligned16(name: str, ptr: int) -> None:
 def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
     if _is_compiling():  # inside torch.compile: the registered op (out allocated in the graph)
         if out is None and isinstance(ids, torch.Tensor) and isinstance(cache, torch.Tensor):
-            out = torch.empty(ids.size(0) + extra_rows, 1, spec.ROW_VALUES, dtype=_FP8 if fp8_out else _BF16,
-                              device=cache.device)
+            library.traced_int("extra_rows", extra_rows)  # it sizes out: checked first, as eager does
+            if isinstance(extra_rows, int) and extra_rows < 0:
+                checks.host_int("extra_rows", extra_rows)
+            checks.rank("page_table_1_flattened", ids, 1, "[n] (flat token ids: page * page_size + slot)")
+            out = torch.empty(_rows_of(ids.size(0), extra_rows), 1, spec.ROW_VALUES,
+                              dtype=_FP8 if fp8_out else _BF16, device=cache.device)
         library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out)
         return out
     return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
+
+
+def _rows_of(n: int, extra_rows: int) -> int:
+    """The output's rows, n + extra_rows, within the kernel's 32-bit row count."""
+    checks.fits_int32("extra_rows", "the output's rows n + extra_rows", n + extra_rows)
+    return n + extra_rows
 
 
 def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
@@ -138,7 +154,7 @@ def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool
         checks.rank("page_table_1_flattened", ids, 1, "[n] (flat token ids: page * page_size + slot)")
     checks.host_int("extra_rows", extra_rows)
     n = ids.size(0)
-    rows = n + extra_rows
+    rows = _rows_of(n, extra_rows)
     dtype = _FP8 if fp8_out else _BF16
     if out is None:  # fresh: apart from everything
         out = torch.empty(rows, 1, spec.ROW_VALUES, dtype=dtype, device=cache.device)
@@ -151,6 +167,8 @@ def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool
                              f"{tuple(out.shape)}")
         if out.stride(2) != 1:
             checks.unit_inner_stride("out", out)
+        if rows > 1 and out.stride(0) < spec.ROW_VALUES:
+            raise ValueError(f"out: rows overlap (stride(0) = {out.stride(0)} < {spec.ROW_VALUES} values a row)")
     if ids.device != cache.device or out.device != cache.device:
         checks.same_device({"quant_k_cache": cache, "page_table_1_flattened": ids, "out": out})
     if given and rows:
@@ -245,6 +263,7 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
         raise ValueError(f"out: expected {spec.ROW_VALUES} values a row, got shape {tuple(out.shape)}")
     if out.stride(2) != 1:
         checks.unit_inner_stride("out", out)
+    _rows_apart(out)
     reqs = out.size(0)
     for name in ("seq_lens", "gather_lens"):
         if name in named and (named[name].dim() != 1 or named[name].size(0) != reqs):
@@ -263,6 +282,21 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
     for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",
                                                                           block_table.size(1))):
         checks.fits_int32(name, what, value)
+
+
+def _rows_apart(out) -> None:
+    """``out``'s rows [reqs, M] (512 contiguous values each) must not share memory. Checked as
+    nested strides (one dimension's rows inside the other's span): what a view of a dense
+    tensor or a padded allocation has; an interleaving of the two dimensions is refused too."""
+    dims = sorted((out.stride(d), out.size(d)) for d in (0, 1) if out.size(d) > 1)
+    span = spec.ROW_VALUES
+    for stride, size in dims:
+        if stride < span:
+            raise ValueError(f"out: rows overlap: strides {tuple(out.stride())} for shape {tuple(out.shape)} put two "
+                             f"rows of {spec.ROW_VALUES} values less than a row apart (expected stride(1) >= "
+                             f"{spec.ROW_VALUES} and stride(0) >= (M - 1) * stride(1) + {spec.ROW_VALUES}, or the same "
+                             "with the two dimensions swapped)")
+        span = (size - 1) * stride + span
 
 
 # -- torch.ops.nvrtc_gather (torch.compile, CUDA graphs) ------------------------------------------------

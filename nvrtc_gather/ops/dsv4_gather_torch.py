@@ -44,8 +44,8 @@ def flat_torch(cache, ids, page_size: int, out, n: int, fp8_out: bool) -> None:
         i = int(torch.nonzero(bad)[0])
         raise ValueError(f"page_table_1_flattened: entry {i} = {int(ids64[i])} is outside [0, num_pages * page_size "
                          f"= {num_slots})")
-    rows = _rows(cache, page_size, ids64 // page_size, ids64 % page_size, fp8_out)
-    out[:n, 0] = rows
+    if n:  # (a pool of no pages has no record to read: every id above was refused)
+        out[:n, 0] = _rows(cache, page_size, ids64 // page_size, ids64 % page_size, fp8_out)
     out[n:] = 0
 
 

@@ -51,6 +51,8 @@ def layout_words(buf, page_size, index_head_dim, quant_block_size) -> int:
                          f"(page_size={page_size}, index_head_dim={index_head_dim}), got shape {tuple(buf.shape)}")
     if buf.size(1) > 1 and buf.stride(1) != 1:
         checks.unit_inner_stride("buf", buf)
+    if buf.size(0) > 1 and buf.stride(0) < buf.size(1):
+        raise ValueError(f"buf: pages overlap: stride(0) = {buf.stride(0)} bytes is less than a page's {buf.size(1)}")
     return nq
 
 
@@ -193,28 +195,29 @@ def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int
 def _read_torch(plan: ReadPlan, buf, seq_len_tensor, page_indices, seq_len_sum):
     """CPU tensors: the values checked (ValueError naming the argument), prefix sums in int64,
     the indexer gather's CPU path into zeroed outputs: the kernel's bytes."""
-    check_values(seq_len_tensor, page_indices, seq_len_sum)
+    used = check_values(seq_len_tensor, page_indices, seq_len_sum, plan.page_size)
     k = torch.zeros(seq_len_sum, plan.head_dim, dtype=_U8, device=buf.device)
     s = torch.zeros(seq_len_sum, 4 * plan.nq, dtype=_U8, device=buf.device)
     cu_seq_lens = torch.zeros(plan.batch + 1, dtype=torch.int32, device=buf.device)
     cu_seq_lens[1:] = torch.cumsum(seq_len_tensor, 0, dtype=torch.int64).to(torch.int32)
-    block_table = page_indices.to(torch.int32).contiguous()
+    block_table = torch.where(used, page_indices, 0).to(torch.int32)  # a column no row reads: never looked at
     kv_cache = buf.view(plan.num_pages, plan.page_size, plan.head_dim + 4 * plan.nq)
     try:
         cp_gather_indexer_k_quant_cache(kv_cache, k, s, block_table, cu_seq_lens)
     except ValueError as e:  # a page id the gather refused: said in the caller's names
-        raise ValueError(str(e).replace("block_table", "page_indices").replace("cu_seq_lens", "seq_len_tensor")
-                         .replace("physical block", "page").replace("num_blocks", "num_pages")) from None
+        raise ValueError(checks.renamed(str(e), _GATHER_NAMES).replace("physical block", "page")) from None
     return k, s
 
 
-def check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int) -> None:
-    """Values that int32 cannot hold, negative lengths, and a seq_len_sum below the lengths'
-    sum (reads the tensors)."""
-    if page_indices.dtype == torch.int64 and page_indices.numel():
-        lo, hi = int(page_indices.min()), int(page_indices.max())
-        if lo < _INT32_MIN or hi > checks.INT32_MAX:
-            raise ValueError(f"page_indices: page ids must fit int32, got values in [{lo}, {hi}]")
+_GATHER_NAMES = {"block_table": "page_indices", "cu_seq_lens": "seq_len_tensor", "kv_cache": "buf",
+                 "num_blocks": "num_pages"}
+
+
+def check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_len_sum: int,
+                 page_size: int) -> torch.Tensor:
+    """Negative lengths, lengths that int32 cannot hold, a seq_len_sum below the lengths' sum,
+    and page ids outside int32 in a column some row reads (reads the tensors). Returns which
+    columns of ``page_indices`` rows read (bool, its shape)."""
     if seq_len_tensor.numel():
         lo, hi = int(seq_len_tensor.min()), int(seq_len_tensor.max())
         total = int(seq_len_tensor.sum(dtype=torch.int64))
@@ -224,3 +227,12 @@ def check_values(seq_len_tensor: torch.Tensor, page_indices: torch.Tensor, seq_l
         if total > seq_len_sum:
             raise ValueError(f"seq_len_sum: {seq_len_sum} rows cannot hold the {total} tokens of seq_len_tensor "
                              "(seq_len_sum is the sum of the lengths)")
+    starts = torch.arange(page_indices.size(1), dtype=torch.int64) * page_size
+    used = starts[None, :] < seq_len_tensor.to(torch.int64)[:, None]
+    if page_indices.dtype == torch.int64 and bool(used.any()):
+        ids = page_indices[used]
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < _INT32_MIN or hi > checks.INT32_MAX:
+            raise ValueError(f"page_indices: page ids must fit int32, got values in [{lo}, {hi}] in the columns "
+                             "rows read")
+    return used

@@ -57,14 +57,27 @@ def register(schema: str, fn, fake=None) -> None:
             LIBRARY.impl(guard, lambda *args: fake_checks.on_addresses(fake, *args), key)
         torch.library.register_fake(f"{NAMESPACE}::{guard}", _fake, lib=LIBRARY)
         torch.fx.node.has_side_effect(getattr(torch.ops.nvrtc_gather, guard).default)
-        _GUARDS[name] = (getattr(torch.ops.nvrtc_gather, guard), getattr(torch.ops.nvrtc_gather, name))
+        op = getattr(torch.ops.nvrtc_gather, name)
+        ints = tuple((i, a.name) for i, a in enumerate(op.default._schema.arguments) if isinstance(a.type, torch.IntType))
+        _GUARDS[name] = (getattr(torch.ops.nvrtc_gather, guard), op, ints)
 
 
-_GUARDS: dict = {}  # op name -> (its guard, the op)
+_GUARDS: dict = {}  # op name -> (its guard, the op, its int arguments as (position, name))
 
 
 def traced(name: str, *args) -> None:
-    """The op ``name`` as a plain function calls it inside torch.compile: its guard, then the op."""
-    guard, op = _GUARDS[name]
+    """The op ``name`` as a plain function calls it inside torch.compile: its guard, then the op.
+    Its int arguments are checked first, as the plain function checks them: the op's schema
+    would take a bool as 0 or 1 and refuse a float or None with torch's RuntimeError."""
+    guard, op, ints = _GUARDS[name]
+    for i, arg in ints:
+        traced_int(arg, args[i])
     guard(*args)
     op(*args)
+
+
+def traced_int(name: str, value) -> None:
+    """TypeError naming ``name`` unless ``value`` is an int (not a bool) or a SymInt (a size
+    torch.compile keeps symbolic)."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name}: expected a host int, got {type(value).__name__}")

@@ -184,3 +184,20 @@ def test_verify_arch_does_not_count_a_damaged_file(tmp_path, capsys, one_module)
     image.path.write_bytes(image.path.read_bytes()[:-1])  # truncated: checksum and length no longer hold
     rc, out, _ = _run(capsys, "cache", "verify", "--arch", "sm_90", "--cache-dir", str(tmp_path))
     assert rc == 1 and "BAD " in out and f"missing: {gather_kernels.MODULES[16].name}" in out
+
+
+@pytest.mark.parametrize("env, says", [({}, "replaces GetKAndS.execute, SetKAndS.execute, dequantize_k_cache_paged_dsv4"),
+                                       ({"NVRTC_GATHER_SGLANG_OPS": "dsv4_fp8"},
+                                        "replaces gather_dequant_requant_fp8_paged_dsv4 in"),
+                                       ({"NVRTC_GATHER_SGLANG": "0"}, "switched off by NVRTC_GATHER_SGLANG"),
+                                       ({"NVRTC_GATHER_SGLANG_OPS": "bogus"}, "INVALID setting")])
+def test_info_says_what_the_sglang_plugin_will_do_and_warns_of_a_bad_ops_list(env, says, monkeypatch, capsys):
+    for name in ("NVRTC_GATHER_SGLANG", "NVRTC_GATHER_SGLANG_OPS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rc, out, _ = _run(capsys, "info")
+    line = next(l for l in out.splitlines() if l.startswith("SGLang plugin"))
+    assert rc == 0 and says in line, line
+    warned = "warning: NVRTC_GATHER_SGLANG_OPS='bogus': expected a comma-separated list" in out
+    assert warned == (env.get("NVRTC_GATHER_SGLANG_OPS") == "bogus"), out

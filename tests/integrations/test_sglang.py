@@ -54,7 +54,7 @@ def _args(**over):
 
 @pytest.mark.parametrize("over, error, match", [
     (dict(page_indices=torch.tensor([[2**32 + 1, 2], [3, 0]])), ValueError,
-     r"page_indices: page ids must fit int32, got values in \[0, 4294967297\]"),
+     r"page_indices: page ids must fit int32, got values in \[2, 4294967297\] in the columns rows read"),
     (dict(page_indices=torch.tensor([[-2**31 - 1, 2], [3, 0]])), ValueError, "page_indices: page ids must fit int32"),
     (dict(seq_len_tensor=torch.tensor([2**32 + 70, 3]), seq_len_sum=73), ValueError,
      "seq_len_tensor: lengths must be >= 0 and sum to at most 2147483647"),
