@@ -25,7 +25,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ng-site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/ng-site || status=1
-  ls .whl/sglang-*.whl > /dev/null 2>&1 && export NVRTC_GATHER_REQUIRE_SGLANG=1
+  # accessor: SGLang must import, but only its accessor's imports are carried (not its backends')
+  ls .whl/sglang-*.whl > /dev/null 2>&1 && export NVRTC_GATHER_REQUIRE_SGLANG=accessor
 fi
 stages=${*:-tests cli memcheck bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv

@@ -27,7 +27,7 @@ def release():
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
         msg = "SGLang is not installed here (scripts/engine_matrix.sh installs the real releases)"
-        if os.environ.get("NVRTC_GATHER_REQUIRE_SGLANG") == "1":
+        if os.environ.get("NVRTC_GATHER_REQUIRE_SGLANG") in ("1", "accessor"):
             pytest.fail(msg)
         pytest.skip(msg)
 
