@@ -164,19 +164,6 @@ def test_info_matching_majors_do_not_warn(monkeypatch, capsys):
     assert "warning: cuda-bindings" not in _run(capsys, "info")[1]
 
 
-@pytest.mark.parametrize("env, says", [({}, "replaces cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache"),
-                                       ({"NVRTC_GATHER_VLLM_OPS": "gather"}, "replaces cp_gather_indexer_k_quant_cache in"),
-                                       ({"NVRTC_GATHER_VLLM": "off"}, "switched off by NVRTC_GATHER_VLLM")])
-def test_info_says_what_the_vllm_plugin_will_do(env, says, monkeypatch, capsys):
-    for name in ("NVRTC_GATHER_VLLM", "NVRTC_GATHER_VLLM_OPS"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    rc, out, _ = _run(capsys, "info")
-    line = next(l for l in out.splitlines() if l.startswith("vLLM plugin"))
-    assert rc == 0 and says in line
-
-
 def test_verify_arch_does_not_count_a_damaged_file(tmp_path, capsys, one_module):
     """A file under the current key that fails verification does not serve."""
     assert _run(capsys, "warmup", "--arch", "sm_90", "--cache-dir", str(tmp_path), "--no-progress")[0] == 0
@@ -186,18 +173,23 @@ def test_verify_arch_does_not_count_a_damaged_file(tmp_path, capsys, one_module)
     assert rc == 1 and "BAD " in out and f"missing: {gather_kernels.MODULES[16].name}" in out
 
 
-@pytest.mark.parametrize("env, says", [({}, "replaces GetKAndS.execute, SetKAndS.execute, dequantize_k_cache_paged_dsv4"),
-                                       ({"NVRTC_GATHER_SGLANG_OPS": "dsv4_fp8"},
-                                        "replaces gather_dequant_requant_fp8_paged_dsv4 in"),
-                                       ({"NVRTC_GATHER_SGLANG": "0"}, "switched off by NVRTC_GATHER_SGLANG"),
-                                       ({"NVRTC_GATHER_SGLANG_OPS": "bogus"}, "INVALID setting")])
-def test_info_says_what_the_sglang_plugin_will_do_and_warns_of_a_bad_ops_list(env, says, monkeypatch, capsys):
-    for name in ("NVRTC_GATHER_SGLANG", "NVRTC_GATHER_SGLANG_OPS"):
+@pytest.mark.parametrize("engine, env, says", [
+    ("vLLM", {}, "replaces cp_gather_indexer_k_quant_cache, indexer_k_quant_and_cache"),
+    ("vLLM", {"NVRTC_GATHER_VLLM_OPS": "gather"}, "replaces cp_gather_indexer_k_quant_cache in"),
+    ("vLLM", {"NVRTC_GATHER_VLLM": "off"}, "switched off by NVRTC_GATHER_VLLM"),
+    ("vLLM", {"NVRTC_GATHER_VLLM_OPS": "bogus"}, "INVALID setting"),
+    ("SGLang", {}, "replaces GetKAndS.execute, SetKAndS.execute, dequantize_k_cache_paged_dsv4"),
+    ("SGLang", {"NVRTC_GATHER_SGLANG_OPS": "dsv4_fp8"}, "replaces gather_dequant_requant_fp8_paged_dsv4 in"),
+    ("SGLang", {"NVRTC_GATHER_SGLANG": "0"}, "switched off by NVRTC_GATHER_SGLANG"),
+    ("SGLang", {"NVRTC_GATHER_SGLANG_OPS": "bogus"}, "INVALID setting")])
+def test_info_says_what_each_plugin_will_do_and_warns_of_a_bad_ops_list(engine, env, says, monkeypatch, capsys):
+    ops_env = f"NVRTC_GATHER_{engine.upper()}_OPS"
+    for name in ("NVRTC_GATHER_VLLM", "NVRTC_GATHER_VLLM_OPS", "NVRTC_GATHER_SGLANG", "NVRTC_GATHER_SGLANG_OPS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     rc, out, _ = _run(capsys, "info")
-    line = next(l for l in out.splitlines() if l.startswith("SGLang plugin"))
+    line = next(l for l in out.splitlines() if l.startswith(f"{engine} plugin"))
     assert rc == 0 and says in line, line
-    warned = "warning: NVRTC_GATHER_SGLANG_OPS='bogus': expected a comma-separated list" in out
-    assert warned == (env.get("NVRTC_GATHER_SGLANG_OPS") == "bogus"), out
+    warned = f"warning: {ops_env}='bogus': expected a comma-separated list" in out
+    assert warned == (env.get(ops_env) == "bogus"), out
