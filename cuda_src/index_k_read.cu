@@ -28,12 +28,16 @@ __device__ __forceinline__ i64 load_index(const u8* base, i64 i) {
     return (i64)__ldg(reinterpret_cast<const T*>(base) + i);
 }
 
-// The same load issued here, in program order (not sunk past the scan's barriers: ng_ldg_now).
-template <typename T> __device__ __forceinline__ i64 load_index_now(const u8* base, i64 i);
-template <> __device__ __forceinline__ i64 load_index_now<i32>(const u8* base, i64 i) {
+// The same load issued here, in program order (not sunk past the scan's barriers: ng_ldg_now),
+// as its own type: a caller converts it where it uses it. A conversion right after the load (an
+// int32 id sign-extended to 64 bits) made ptxas wait for it there, before the next load was
+// issued: the lengths' round trip then followed the page ids' instead of sharing it (sm_90 SASS;
+// tests/jit/test_sass_order.py).
+template <typename T> __device__ __forceinline__ T load_now(const u8* base, i64 i);
+template <> __device__ __forceinline__ i32 load_now<i32>(const u8* base, i64 i) {
     return ng_ldg_now(reinterpret_cast<const i32*>(base) + i);
 }
-template <> __device__ __forceinline__ i64 load_index_now<i64>(const u8* base, i64 i) {
+template <> __device__ __forceinline__ i64 load_now<i64>(const u8* base, i64 i) {
 #ifdef __CUDA_ARCH__
     i64 v;
     asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(reinterpret_cast<const i64*>(base) + i));
@@ -65,16 +69,28 @@ __device__ __forceinline__ u32 block_prefix_sat(u32 v, u32* s_warp, u32* total) 
 
 #define WINDOW_REQS 64  // W >= 4 columns
 
-// Request r's length as the kernel counts it: 0 past the batch, and 0 for a value that is negative
-// or past int32 (reported in debug mode). NOW: the uncached load (index_k_read_tiny's).
-template <typename LT, bool NOW>
-__device__ __forceinline__ u32 length_of(const IndexKReadParams& p, u32 r) {
-    if (r >= (u32)p.batch) return 0;
-    const i64 x = NOW ? load_index_now<LT>(p.seq_lens, (i64)r * p.seq_lens_stride)
-                      : load_index<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
+// Request r's length as the kernel counts it, from its value x: 0 for a value that is negative or
+// past int32 (reported in debug mode).
+__device__ __forceinline__ u32 checked_length(const IndexKReadParams& p, u32 r, i64 x) {
     if (x >= 0 && x <= 0x7fffffff) return (u32)x;
     ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
     return 0;
+}
+
+// Request r's length (checked_length), 0 past the batch. NOW: the load issued in program order.
+template <typename LT, bool NOW>
+__device__ __forceinline__ u32 length_of(const IndexKReadParams& p, u32 r) {
+    if (r >= (u32)p.batch) return 0;
+    const i64 x = NOW ? (i64)load_now<LT>(p.seq_lens, (i64)r * p.seq_lens_stride)
+                      : load_index<LT>(p.seq_lens, (i64)r * p.seq_lens_stride);
+    return checked_length(p, r, x);
+}
+
+// The first NG_THREADS (or 32) lengths' values as loaded, 0 past the batch: issued before the
+// page ids, and nothing waits for either until both are in flight.
+template <typename LT>
+__device__ __forceinline__ LT first_length(const IndexKReadParams& p, u32 r) {
+    return r < (u32)p.batch ? load_now<LT>(p.seq_lens, (i64)r * p.seq_lens_stride) : (LT)0;
 }
 
 // A page id as the row's location needs it: the id where it is in [0, num_pages), else -1.
@@ -99,24 +115,25 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     // Debug mode: block 0 reads every length (and reports the bad ones and a short num_rows).
     const bool read_all = p.error != 0 && blockIdx.x == 0;
     if (tid < n) s_loc[tid] = make_int2(-1, 0);
-    // The guesses (see the top): issued before the first lengths are summed.
+    // The first lengths, then the guesses (see the top), all issued before any is waited for.
+    const LT len0 = first_length<LT>(p, tid);
     int wlog = -1;  // log2(W), -1 without a window
-    i64 guess = -1;  // one request: this row's page id
+    PT guess = -1;  // one request: this row's page id; a window: this thread's id in it
     if (p.batch == 1) {
         const u32 j0 = tid < n ? (u32)by_page(row) : 0xffffffffu;
-        if (j0 < (u32)p.max_pages) guess = load_index_now<PT>(p.page_table, (i64)j0 * p.pt_col_stride);
+        if (j0 < (u32)p.max_pages) guess = load_now<PT>(p.page_table, (i64)j0 * p.pt_col_stride);
     } else if (p.batch <= WINDOW_REQS) {
         wlog = __ffs(NG_THREADS) - 1 - (32 - __clz(p.batch - 1));  // NG_THREADS / 2^ceil(log2(batch))
         const int k = tid >> wlog, c = tid & ((1 << wlog) - 1);
-        s_win[tid] = k < p.batch && c < p.max_pages
-            ? valid_page(load_index_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride),
-                         p.num_pages) : -1;
+        if (k < p.batch && c < p.max_pages)
+            guess = load_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride);
     }
+    if (wlog >= 0) s_win[tid] = valid_page((i64)guess, p.num_pages);  // -1 where nothing was loaded
 
     u32 carry = 0;  // rows of the requests before the chunk, saturated
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += NG_THREADS) {
         const u32 r = c0 + tid;
-        const u32 len = length_of<LT, false>(p, r);
+        const u32 len = c0 ? length_of<LT, false>(p, r) : r < (u32)p.batch ? checked_length(p, r, (i64)len0) : 0;
         u32 chunk;
         const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
         s_inc[tid] = inc;
@@ -134,7 +151,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
             const int rq = (int)(c0 + lo);
             const u32 j = (u32)by_page((int)pos);
             if (j < (u32)p.max_pages) {
-                const i64 page = p.batch == 1 ? guess  // rq 0, start 0: j is the guessed column
+                const i64 page = p.batch == 1 ? (i64)guess  // rq 0, start 0: j is the guessed column
                     : wlog >= 0 && j < (1u << wlog) ? (i64)s_win[(rq << wlog) + j]
                     : load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
                 if (page >= 0 && page < p.num_pages) {
@@ -158,6 +175,14 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
 }
 
+// Lane src's page id, as a 64-bit value (every lane calls it): one shuffle for an int32 id.
+__device__ __forceinline__ i64 shfl_id(i32 id, int src) { return __shfl_sync(0xffffffffu, id, src); }
+__device__ __forceinline__ i64 shfl_id(i64 id, int src) {
+    const u32 hi = (u32)__shfl_sync(0xffffffffu, (int)(id >> 32), src);
+    const u32 lo = (u32)__shfl_sync(0xffffffffu, (int)id, src);
+    return (i64)(((u64)hi << 32) | lo);
+}
+
 // Small calls (a few thousand rows: latency is all there is): one warp per row, NG_THREADS / 32
 // rows per block, no shared memory and no barrier. The warp sums the lengths 32 at a time
 // (shuffles) and finds its row's request by a ballot; with at most 32 requests the lanes also
@@ -172,13 +197,15 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     if (urow >= (u64)p.num_rows) return;  // the whole warp
     const int row = (int)urow;
     const bool read_all = p.error != 0 && urow == 0;  // debug mode: one warp reads every length
+    // The first 32 lengths, then the window, both issued before either is waited for.
+    const LT len0 = first_length<LT>(p, lane);
     int wlog = -1;
-    i64 window = -1;
+    PT window = -1;
     if (p.batch <= 32) {
         wlog = 5 - (32 - __clz(max(p.batch, 1) - 1));  // 32 / 2^ceil(log2(batch)) columns a request
         const int k = lane >> wlog, c = lane & ((1 << wlog) - 1);
         if (k < p.batch && c < p.max_pages) {
-            window = load_index_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride);
+            window = load_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride);
         }
     }
     const u32 cap = 0x7fffffffu;
@@ -186,7 +213,7 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     int rq = -1;
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += 32) {
         const u32 r = c0 + lane;
-        const u32 len = length_of<LT, true>(p, r);
+        const u32 len = c0 ? length_of<LT, true>(p, r) : r < (u32)p.batch ? checked_length(p, r, (i64)len0) : 0;
         u32 inc = len;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
@@ -211,13 +238,12 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
         const u32 pos = (u32)row - start;  // start <= row
         const u32 j = pos / (u32)p.page_size;
         // Every lane shuffles (rq and j are the warp's); the value counts only inside the window.
-        const i64 w = __shfl_sync(0xffffffffu, (int)(window >> 32), (int)((((u32)rq << (wlog & 31)) | j) & 31u));
-        const i64 wl = (u32)__shfl_sync(0xffffffffu, (int)window, (int)((((u32)rq << (wlog & 31)) | j) & 31u));
+        const i64 w = shfl_id(window, (int)((((u32)rq << (wlog & 31)) | j) & 31u));
         i64 id = -1;
         if (j >= (u32)p.max_pages) {
             if (lane == 0) ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
         } else {
-            id = wlog >= 0 && j < (1u << wlog) ? (i64)(((u64)w << 32) | (u64)wl)
+            id = wlog >= 0 && j < (1u << wlog) ? w
                 : load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
             if (id >= 0 && id < p.num_pages) {
                 page = (int)id;

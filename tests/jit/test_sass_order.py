@@ -97,3 +97,29 @@ def test_the_check_finds_a_value_store_issued_before_the_scale_load(sass, monkey
     code = sass(dataclasses.replace(module, name=module.name + "_store_first"))
     problem = round_trip_problem(code[index_k_read.entry_name(16, "i32", "i32", "tiny")], 16)
     assert problem is not None and problem.startswith("stores before the row's scale load"), problem
+
+
+READ_ENTRIES = [(m, e) for m in index_k_read.MODULES.values() for e in m.kernels]
+_REGISTER = re.compile(r"\bR(\d+)\b")
+
+
+def loads_before_first_wait(code: list[tuple[str, str]]) -> int:
+    """How many index loads issue after the entry's first one (the lengths') and before any
+    instruction reads the register it wrote: the warp waits there for that DRAM round trip."""
+    loads = [i for i, (op, _) in enumerate(code) if op.startswith("LDG.E") and op.endswith("CONSTANT")]
+    op, args = code[loads[0]]
+    first = int(_REGISTER.search(args).group(1))
+    written = {first, first + 1} if ".64" in op else {first}
+    wait = next(i for i in range(loads[0] + 1, len(code))
+                if any(int(r) in written for r in _REGISTER.findall(code[i][1].split(",", 1)[-1])))
+    return sum(loads[0] < i < wait for i in loads)
+
+
+@pytest.mark.parametrize("module, entry", READ_ENTRIES, ids=[e for _, e in READ_ENTRIES])
+def test_the_reads_first_lengths_and_page_ids_share_one_round_trip(sass, module, entry):
+    """The index-K read's first lengths and its guessed page ids (the window, or one request's
+    row's id) are loaded before anything waits for either: a conversion right after the page id
+    load (an int32 id sign-extended to 64 bits) once held the lengths' load back by a DRAM round
+    trip."""
+    # the window's load, and in the block-a-tile entries also one request's guessed id
+    assert loads_before_first_wait(sass(module)[entry]) >= (1 if entry.endswith("_tiny") else 2), entry
