@@ -99,11 +99,11 @@ def host_calls() -> dict:
     calls = {"sglang_get_us": (hook.get_index_k_scale_buffer, w.get_args()),
              "sglang_set_us": (hook.set_index_k_scale_buffer, (w.buf, w.loc, w.k, w.scale)),
              "sglang_get_outputs_only_us": (lambda: (w.buf.new_empty(w.tokens, 128), w.buf.new_empty(w.tokens, 4)), ())}
-    acc = accessor()
+    acc, p = accessor(), pool()  # SGLang's pool lives as long as the server
     if acc:
         hook.register()
         calls["sglang_get_hooked_us"] = (lambda: acc.GetKAndS.execute(
-            pool(), w.buf, page_indices=w.block_table, seq_len_tensor=w.lens_t, seq_len_sum=w.tokens,
+            p, w.buf, page_indices=w.block_table, seq_len_tensor=w.lens_t, seq_len_sum=w.tokens,
             max_seq_len=max(w.lens)), ())
     return calls
 

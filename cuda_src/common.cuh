@@ -74,6 +74,15 @@ __device__ __forceinline__ int ng_ldg_now(const int* p) {
     return __ldg(p);
 #endif
 }
+__device__ __forceinline__ i64 ng_ldg_now(const i64* p) {
+#ifdef __CUDA_ARCH__
+    i64 v;
+    asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
 
 // A 4-byte load that stays ahead of the stores written after it: a coherent ld.global, which
 // ptxas may not move below a store that could alias it. An .nc load (__ldg, ng_ldg_now) it may:

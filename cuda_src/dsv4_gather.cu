@@ -10,8 +10,8 @@
 // Scale byte 0 gives a scale of +0 (2^-127 flushed, as SGLang's and vLLM's kernels do), 255
 // +inf.
 //
-// Work split: one warp per token, NG_V4_PASSES tokens per warp (all loads issued before any
-// store). Lane l < 28 converts NoPE values [16l, 16l + 16) (one 16-byte load; its scale byte
+// Work split: one warp per token, NG_V4_PASSES tokens per warp (every token id loaded, then every
+// record, before any store). Lane l < 28 converts NoPE values [16l, 16l + 16) (one 16-byte load; its scale byte
 // from the token's 8-byte scale row, one broadcast load); lanes 28-31 carry the RoPE values
 // [32(l - 28), +32) bytes (two 16-byte loads). Every access is 16 bytes wide but the scale row.
 // Index values are untrusted: a token id outside [0, num_slots), a block id outside
@@ -184,12 +184,18 @@ __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
     V4Lane x[NG_V4_PASSES];
     u32 s[NG_V4_PASSES];
     int state[NG_V4_PASSES];  // 1: load and store, 0: zero row, -1: no row
+    IT ids[NG_V4_PASSES];     // every pass's token id, issued before any is waited for
+#pragma unroll
+    for (int u = 0; u < NG_V4_PASSES; ++u) {
+        const i64 row = row0 + u * NG_V4_WARPS;
+        ids[u] = row < p.num_ids ? ng_ldg_now(reinterpret_cast<const IT*>(p.ids) + row * p.ids_stride) : (IT)-1;
+    }
 #pragma unroll
     for (int u = 0; u < NG_V4_PASSES; ++u) {
         const i64 row = row0 + u * NG_V4_WARPS;
         state[u] = row < p.rows ? 0 : -1;
         if (row < p.num_ids) {
-            const i64 id = (i64)__ldg(reinterpret_cast<const IT*>(p.ids) + row * p.ids_stride);
+            const i64 id = (i64)ids[u];
             if (id >= 0 && id < p.num_slots) {  // num_slots <= INT32_MAX (host)
                 const int page = by_page((int)id);
                 load_lane(p, page, (int)id - page * p.page_size, lane, x[u], s[u]);

@@ -33,18 +33,8 @@ __device__ __forceinline__ i64 load_index(const u8* base, i64 i) {
 // int32 id sign-extended to 64 bits) made ptxas wait for it there, before the next load was
 // issued: the lengths' round trip then followed the page ids' instead of sharing it (sm_90 SASS;
 // tests/jit/test_sass_order.py).
-template <typename T> __device__ __forceinline__ T load_now(const u8* base, i64 i);
-template <> __device__ __forceinline__ i32 load_now<i32>(const u8* base, i64 i) {
-    return ng_ldg_now(reinterpret_cast<const i32*>(base) + i);
-}
-template <> __device__ __forceinline__ i64 load_now<i64>(const u8* base, i64 i) {
-#ifdef __CUDA_ARCH__
-    i64 v;
-    asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(reinterpret_cast<const i64*>(base) + i));
-    return v;
-#else
-    return __ldg(reinterpret_cast<const i64*>(base) + i);
-#endif
+template <typename T> __device__ __forceinline__ T load_now(const u8* base, i64 i) {
+    return ng_ldg_now(reinterpret_cast<const T*>(base) + i);
 }
 
 // Inclusive prefix sum over the block of each thread's v (<= INT32_MAX each), saturating at

@@ -223,9 +223,12 @@ def _page_size(pool) -> int:
     return pool.index_page_size if hasattr(pool, "index_page_size") else pool.page_size
 
 
+_ROCM = torch.version.hip is not None
+
+
 def _unserved(buf, pool, k=None, k_scale=None) -> tuple[str, str] | None:
     """(reason, detail) when nvrtc_gather does not serve this buffer; None when it does."""
-    if torch.version.hip is not None:
+    if _ROCM:
         return "ROCm", f"torch {torch.__version__} is a ROCm build"
     if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8:
         return "index cache dtype", f"a {getattr(buf, 'dtype', type(buf).__name__)} index buffer (not fp8 as uint8)"
@@ -265,6 +268,15 @@ def _get_hook(sglang_execute):
         except TypeError:  # another call (SGLang's older single-request one): its own path
             _leave("GetKAndS.execute", "call", "a call with other arguments")
             return sglang_execute(*args, **kwargs)
+        if not _ROCM:  # a layout the read remembers passed every check _unserved makes: skip them
+            try:
+                sizes = (_page_size(pool), pool.index_head_dim, getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
+            except AttributeError:
+                sizes = None
+            out = sizes and index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum,
+                                                         max_seq_len, *sizes)
+            if out is not None:
+                return out
         why = _unserved(buf, pool)
         if why is not None:
             _leave("GetKAndS.execute", *why)

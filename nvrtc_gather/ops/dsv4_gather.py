@@ -107,12 +107,14 @@ def _remembered(cache, page_size, name, three_d) -> CacheLayout:
     return layout
 
 
-def _launch(layout: CacheLayout, module, entry: str, blocks: int, call: tuple) -> None:
+def _launch(layout: CacheLayout, module, entry: str, blocks: int, call: tuple):
+    """Launch ``entry`` with ``blocks`` blocks and the call's fields; returns its launcher."""
     go = layout.launchers.get(entry)
     if go is None:
         handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
         go = layout.launchers[entry] = handle.launcher(entry, 0, layout.image)
     go(call, 0, blocks)
+    return go
 
 
 def _aligned16(name: str, ptr: int) -> None:
@@ -133,7 +135,54 @@ def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool)
                               dtype=_FP8 if fp8_out else _BF16, device=cache.device)
         library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out)
         return out
+    if out is None:
+        got = _flat_remembered(cache, ids, page_size, extra_rows, fp8_out)
+        if got is not None:
+            return got
     return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
+
+
+class FlatReady(NamedTuple):
+    """An SGLang-form call with ``out=None`` that passed every check: what a call with the same
+    metadata (the cache's, the ids' device, dtype and rank, the page size, the output dtype)
+    needs besides its pointers, ids stride and row counts."""
+
+    go: object      # the entry's launcher (per-call grid)
+    dtype: object   # the output's torch dtype
+    row_bytes: int  # 512 values of it
+
+
+_flat_ready = fast_path.LayoutMemo()
+
+
+def _flat_key(cache, ids, page_size: int, fp8_out: bool) -> tuple:
+    return (cache.device, cache.dtype, cache.shape, cache.stride(), ids.device, ids.dtype, ids.dim(), page_size,
+            fp8_out)
+
+
+def _flat_remembered(cache, ids, page_size, extra_rows, fp8_out):
+    """The call's fresh ``out``, gathered, where its metadata was checked in full before; else
+    None (the full checks run, and accept exactly what this accepts)."""
+    try:
+        if type(page_size) is not int or type(extra_rows) is not int:
+            return None  # 16.0 == 16 would find the int's entry: the checks refuse it by name
+        ready = _flat_ready.get(_flat_key(cache, ids, page_size, fp8_out))
+    except (AttributeError, TypeError):
+        return None
+    if ready is None or extra_rows < 0:
+        return None
+    n = ids.size(0)
+    rows, cache_p = n + extra_rows, cache.data_ptr()
+    if rows > checks.INT32_MAX or cache_p & 15:
+        return None
+    out = cache.new_empty((rows, 1, spec.ROW_VALUES), dtype=ready.dtype)  # torch.empty on cache's device
+    if rows:
+        out_p = out.data_ptr()
+        if out_p & 15:
+            checks.aligned("out", "data pointer", out_p, 16)
+        ready.go((cache_p, out_p, ids.data_ptr(), 0, 0, rows, n, ready.row_bytes, 0, ids.stride(0), 0, 0, 0), 0,
+                 spec.tiles(rows))
+    return out
 
 
 def _rows_of(n: int, extra_rows: int) -> int:
@@ -182,8 +231,10 @@ def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool
         _aligned16("quant_k_cache", cache.data_ptr())
         if (out_p | (row_bytes if rows > 1 else 0)) & 15:
             checks.aligned("out", "data pointer and row stride", out_p | row_bytes, 16)
-        _launch(layout, spec.FLAT_MODULE, spec.flat_entry(fp8_out, _C_TYPES[ids.dtype]), spec.tiles(rows),
-                (cache.data_ptr(), out_p, ids.data_ptr(), 0, 0, rows, n, row_bytes, 0, ids.stride(0), 0, 0, 0))
+        go = _launch(layout, spec.FLAT_MODULE, spec.flat_entry(fp8_out, _C_TYPES[ids.dtype]), spec.tiles(rows),
+                     (cache.data_ptr(), out_p, ids.data_ptr(), 0, 0, rows, n, row_bytes, 0, ids.stride(0), 0, 0, 0))
+        if not given and type(page_size) is int and type(extra_rows) is int:
+            _flat_ready.remember(_flat_key(cache, ids, page_size, fp8_out), FlatReady(go, dtype, row_bytes))
     return out
 
 

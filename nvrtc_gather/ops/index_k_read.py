@@ -142,20 +142,10 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
                  quant_block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_fp8 uint8 ``[seq_len_sum, index_head_dim]``, k_scale uint8 ``[seq_len_sum, 4 * nq]``):
     the integration's ``get_index_k_scale_buffer`` (its docstring has the contract)."""
-    try:
-        if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
-            raise TypeError  # 64.0 == 64 would find the int's layout: the checks refuse it by name
-        key = (buf.device, buf.dtype, buf.shape, buf.stride(), seq_len_tensor.device, seq_len_tensor.dtype,
-               seq_len_tensor.shape, seq_len_tensor.stride(), page_indices.device, page_indices.dtype,
-               page_indices.shape, page_indices.stride(), page_size, index_head_dim, quant_block_size)
-        layout = _layouts.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable sizes: plan_read names them
-        key = layout = None
-    if layout is not None and type(seq_len_sum) is int and 0 <= seq_len_sum <= MAX_ROWS and \
-            type(max_seq_len) is int and 0 <= max_seq_len <= layout.max_tokens:
-        out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)  # the fast path
-        if out is not None:
-            return out
+    out = read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
+                          quant_block_size)
+    if out is not None:
+        return out
     plan = plan_read(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size)
     _check_call(plan, seq_len_sum, max_seq_len)
     if plan.device < 0:
@@ -166,9 +156,33 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
     out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)
     if out is None:  # buf is aligned: only an allocator handing out unaligned memory gets here
         raise ValueError("dst: torch.empty returned outputs that are not 4-byte aligned")
-    if key is not None:
-        _layouts.remember(key, layout)
+    _layouts.remember(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size), layout)
     return out
+
+
+def _key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size) -> tuple:
+    """A call's metadata: what its layout (and so every check but the pointers') depends on."""
+    return (buf.device, buf.dtype, buf.shape, buf.stride(), seq_len_tensor.device, seq_len_tensor.dtype,
+            seq_len_tensor.shape, seq_len_tensor.stride(), page_indices.device, page_indices.dtype,
+            page_indices.shape, page_indices.stride(), page_size, index_head_dim, quant_block_size)
+
+
+def read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
+                    quant_block_size):
+    """:func:`read_index_k`'s outputs where a call with this metadata was checked in full before
+    (its layout remembered; only the host ints and the pointers are checked here), else None:
+    the caller runs the full checks, which accept exactly what this accepts. SGLang's hook calls
+    it first, ahead of its own checks of the buffer, which a remembered layout has passed."""
+    try:
+        if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
+            return None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
+        layout = _layouts.get(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size))
+    except (AttributeError, TypeError):  # not tensors, or unhashable sizes: the checks name them
+        return None
+    if layout is None or type(seq_len_sum) is not int or not 0 <= seq_len_sum <= MAX_ROWS or \
+            type(max_seq_len) is not int or not 0 <= max_seq_len <= layout.max_tokens:
+        return None
+    return _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)
 
 
 def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int):

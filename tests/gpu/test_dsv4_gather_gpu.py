@@ -43,6 +43,32 @@ def test_flat_forms_match_the_reference(ps, ids_dtype, scales):
     assert torch.equal(cpu.view(torch.int16), got.cpu().view(torch.int16))
 
 
+def test_remembered_flat_calls_gather_and_refuse_as_the_first_call_does():
+    """After one fresh-output call, SGLang's form takes the remembered path (pointer checks only):
+    other row counts, extra rows, strided and empty ids give the reference's bytes, and what
+    the full checks refuse (bad extra_rows or page_size, a misaligned cache with the same
+    metadata) is still refused by name."""
+    cache = ref.build_cache("v4", 37, 16, seed=5)
+    ids = ref.random_token_ids(37, 16, 301, seed=5, dtype=torch.int64)
+    cache_c = cache.cuda()
+    sg.gather_dequant_requant_fp8_paged_dsv4(cache_c, ids.cuda(), 16)  # checked in full, remembered
+    wide = torch.stack([ids, ids.flip(0)], 1).cuda()
+    for sub, extra in ((ids.cuda(), 0), (ids[:7].cuda(), 2), (wide[:, 1], 1), (ids[:0].cuda(), 3), (ids[:0].cuda(), 0)):
+        want = ref.gather_dequant_requant_fp8_paged_dsv4(cache, sub.cpu(), 16, extra_rows=extra)
+        got = sg.gather_dequant_requant_fp8_paged_dsv4(cache_c, sub, 16, extra_rows=extra)
+        assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8)), (sub.shape, extra)
+    with pytest.raises(ValueError, match="^extra_rows"):
+        sg.gather_dequant_requant_fp8_paged_dsv4(cache_c, ids.cuda(), 16, extra_rows=-1)
+    with pytest.raises(TypeError, match="^extra_rows"):
+        sg.gather_dequant_requant_fp8_paged_dsv4(cache_c, ids.cuda(), 16, extra_rows=True)
+    with pytest.raises(TypeError, match="^page_size"):
+        sg.gather_dequant_requant_fp8_paged_dsv4(cache_c, ids.cuda(), 16.0)
+    base = torch.zeros(cache_c.numel() + 8, dtype=torch.uint8, device="cuda")
+    shifted = base[8:].as_strided(cache_c.shape, cache_c.stride())  # the same metadata, 8 bytes off
+    with pytest.raises(ValueError, match="^quant_k_cache: .*data pointer"):
+        sg.gather_dequant_requant_fp8_paged_dsv4(shifted, ids.cuda(), 16)
+
+
 @pytest.mark.parametrize("bs", [64, 16])
 @pytest.mark.parametrize("with_gather_lens", [False, True])
 def test_vllm_form_matches_the_reference(bs, with_gather_lens):

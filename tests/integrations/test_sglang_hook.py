@@ -255,3 +255,29 @@ def test_gpu_page_ids_that_do_not_fit_never_read_another_page(monkeypatch):
         hook.get_index_k_scale_buffer(buf, lens, pages, 15, 10)
     with pytest.raises(ValueError, match="seq_len_tensor: entry 0 = 4294967306 is negative or past int32"):
         hook.get_index_k_scale_buffer(buf, lens64, torch.tensor([[1], [3]], device="cuda"), 15, 10)
+
+
+@pytest.mark.gpu
+def test_the_hooks_remembered_read_still_asks_each_pool_for_its_layout(standin):
+    """The hook first tries the read's remembered layout (skipping its own checks of the buffer,
+    which that layout passed): a pool whose sizes do not fit the buffer still goes to SGLang, and
+    the remembered calls give SGLang's bytes."""
+    pool_mod = standin((NEWEST,))
+    accessor = sys.modules[NEWEST]
+    rng = random.Random(11)
+    buffers, lens, pages, total, longest = case(rng, device="cuda", index_dtype=torch.int32)
+    pool = pool_mod.DSATokenToKVPool(buffers)
+    want = accessor.GetKAndS.torch_path(pool, buffers[1], pages, lens, total, longest)
+    hook.register()
+    accessor.calls.clear()
+    for _ in range(3):  # the first call checks in full; the others take the remembered layout
+        got = pool.get_index_k_scale_buffer(1, lens, pages, total, longest)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert accessor.calls == []
+    for other in (pool_mod.DSATokenToKVPool(buffers, page_size=32), pool_mod.DSATokenToKVPool(buffers, index_head_dim=64)):
+        try:  # what the stand-in's torch path makes of the mismatch does not matter: who ran does
+            other.get_index_k_scale_buffer(1, lens, pages, total, longest)
+        except RuntimeError:
+            pass
+    assert accessor.calls == ["sglang"] * 2
+    assert set(hook.status()["left_to_sglang"]["GetKAndS.execute"]) == {"page layout"}
