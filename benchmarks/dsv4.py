@@ -129,7 +129,7 @@ TABLE = Table("dsv4_workloads", [
     ("V4 record gather (tokens)", num("workload", "")), ("form", num("form", "")), ("MB moved", mb),
     ("copy", num("copy_us")), ("op", num("op_us")), ("op / copy", num("op_over_copy", ".2f")),
     ("SGLang Triton", num("sglang_us")), ("SGLang / op", num("sglang_over_op", ".2f")),
-    ("target", num("target_over_copy")), ("met", lambda r: "yes" if r["meets_targets"] else "no"),
+    ("target", num("target_over_copy", ".2f")), ("met", lambda r: "yes" if r["meets_targets"] else "no"),
     ("op p10-p90", spread("op"))])
 
 
