@@ -65,19 +65,15 @@ __device__ __forceinline__ void ng_report(i64* err, int code, i64 a, i64 b, i64 
 // A read-only load issued here, in program order. The compiler may sink a plain load whose
 // value one branch alone uses into that branch, that is after the loads it was meant to
 // overlap; a volatile asm statement is not moved.
-__device__ __forceinline__ int ng_ldg_now(const int* p) {
+template <typename T>  // a 4- or 8-byte integer
+__device__ __forceinline__ T ng_ldg_now(const T* p) {
 #ifdef __CUDA_ARCH__
-    int v;
-    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-#else
-    return __ldg(p);
-#endif
-}
-__device__ __forceinline__ i64 ng_ldg_now(const i64* p) {
-#ifdef __CUDA_ARCH__
-    i64 v;
-    asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(p));
+    T v;
+    if constexpr (sizeof(T) == 8) {
+        asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(p));
+    } else {
+        asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p));
+    }
     return v;
 #else
     return __ldg(p);
