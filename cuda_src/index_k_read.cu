@@ -123,7 +123,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     u32 carry = 0;  // rows of the requests before the chunk, saturated
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += NG_THREADS) {
         const u32 r = c0 + tid;
-        const u32 len = c0 ? length_of<LT, false>(p, r) : r < (u32)p.batch ? checked_length(p, r, (i64)len0) : 0;
+        const u32 len = c0 ? length_of<LT, false>(p, r) : checked_length(p, r, (i64)len0);  // len0: 0 past the batch
         u32 chunk;
         const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
         s_inc[tid] = inc;
@@ -203,7 +203,7 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     int rq = -1;
     for (u32 c0 = 0; c0 < (u32)p.batch; c0 += 32) {
         const u32 r = c0 + lane;
-        const u32 len = c0 ? length_of<LT, true>(p, r) : r < (u32)p.batch ? checked_length(p, r, (i64)len0) : 0;
+        const u32 len = c0 ? length_of<LT, true>(p, r) : checked_length(p, r, (i64)len0);  // len0: 0 past the batch
         u32 inc = len;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {

@@ -14,7 +14,8 @@ __device__ __forceinline__ void copy_tile(const u8* kv_cache, i64 block_stride, 
                                           i64 dst_scale_row_stride, const int2* s_loc, int row0, int n) {
     typedef typename Vec<KVEC>::T V;
     const int tid = threadIdx.x;
-    const i64 scales_at = (i64)block_size * head_dim;  // a block's scales follow its values
+    // A block's scales follow its values, at (i64)block_size * head_dim: computed where used (held
+    // in a register across the value loop, it took the gather's entries from 40 to 47 registers).
     const FastDiv by_words(scale_words);
     // Scales first: this thread's first scale word is loaded before any store is issued,
     // so its DRAM round trip overlaps the fp8 loads instead of following them (the
@@ -27,8 +28,8 @@ __device__ __forceinline__ void copy_tile(const u8* kv_cache, i64 block_stride, 
         const int w = tid - t * scale_words;
         const int2 loc = s_loc[t];
         if (loc.x >= 0) {
-            sw = __ldg(reinterpret_cast<const u32*>(kv_cache + (i64)loc.x * block_stride + scales_at +
-                                                    (i64)loc.y * scale_words * 4) + w);
+            sw = __ldg(reinterpret_cast<const u32*>(kv_cache + (i64)loc.x * block_stride +
+                                                    (i64)block_size * head_dim + (i64)loc.y * scale_words * 4) + w);
         }
         if (loc.x >= 0 || ZERO_SKIPPED) sdst = (i64)(row0 + t) * dst_scale_row_stride + (i64)w * 4;
     }
@@ -72,8 +73,8 @@ __device__ __forceinline__ void copy_tile(const u8* kv_cache, i64 block_stride, 
         const int2 loc = s_loc[t];
         u32 x = 0;
         if (loc.x >= 0) {
-            x = __ldg(reinterpret_cast<const u32*>(kv_cache + (i64)loc.x * block_stride + scales_at +
-                                                   (i64)loc.y * scale_words * 4) + w);
+            x = __ldg(reinterpret_cast<const u32*>(kv_cache + (i64)loc.x * block_stride +
+                                                   (i64)block_size * head_dim + (i64)loc.y * scale_words * 4) + w);
         }
         if (loc.x >= 0 || ZERO_SKIPPED) *(reinterpret_cast<u32*>(dst_scale + (i64)(row0 + t) * dst_scale_row_stride) + w) = x;
     }
