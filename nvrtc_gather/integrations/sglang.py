@@ -367,13 +367,14 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
                index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), page_size, index_head_dim,
                quant_block_size, index_k_scale.is_neg())  # a negative view of the scales: the checks
         layout = _set_layouts.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable sizes: the checks name them
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable sizes, no strides: named below
         key = layout = None
     if layout is not None and indexer_k_scatter_op.run_remembered(
             layout, index_k.data_ptr(), index_k_scale.data_ptr(), loc.data_ptr(), buf.data_ptr()):
         return
     nq = index_k_read.layout_words(buf, page_size, index_head_dim, quant_block_size)
     _check_rows(loc, index_k, index_k_scale, index_head_dim, nq)
+    checks.same_device({"buf": buf, "loc": loc, "index_k": index_k, "index_k_scale": index_k_scale})  # these names
     kv_cache = buf.view(buf.size(0), page_size, index_head_dim + 4 * nq)
     try:
         plan = indexer_k_scatter_op.plan_scatter(index_k, index_k_scale, kv_cache, loc)

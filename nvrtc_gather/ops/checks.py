@@ -71,12 +71,13 @@ def aligned(name: str, what: str, value: int, to: int = 4) -> None:
 
 def same_device(named: dict[str, torch.Tensor]) -> torch.device:
     """The one device of a call's tensors (``named``: by position). Else a ValueError naming the
-    odd one out: the first tensor not on the device most of them are on (a tie: the earliest
-    such device), so one tensor moved elsewhere is named whichever position it has."""
+    odd one out: the first tensor not on the device most of them are on (a tie: a cpu or cuda
+    device before another, then the earliest), so one tensor moved elsewhere is named whichever
+    position it has, and of two tensors the one on a device the ops do not run on."""
     devices = [t.device for t in named.values()]
     dev = devices[0]
     if any(d != dev for d in devices):
-        dev = max(devices, key=lambda d: (devices.count(d), -devices.index(d)))
+        dev = max(devices, key=lambda d: (devices.count(d), d.type in ("cpu", "cuda"), -devices.index(d)))
         names = list(named)
         like = names[devices.index(dev)]
         name = next(n for n, d in zip(names, devices) if d != dev)

@@ -97,7 +97,7 @@ def _remembered(cache, page_size, name, three_d) -> CacheLayout:
     try:
         key = (cache.device, cache.dtype, cache.shape, cache.stride(), page_size, three_d)
         layout = _layouts.get(key)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # no strides (sparse CSR, nested): named below
         return _cache_layout(cache, page_size, name, three_d)  # raises, naming the argument
     if layout is None:
         layout = _cache_layout(cache, page_size, name, three_d)
@@ -156,8 +156,9 @@ _flat_ready = fast_path.LayoutMemo()
 
 
 def _flat_key(cache, ids, page_size: int, fp8_out: bool) -> tuple:
-    return (cache.device, cache.dtype, cache.shape, cache.stride(), ids.device, ids.dtype, ids.dim(), page_size,
-            fp8_out)
+    # ids' layout: a sparse vector (no strides, no data pointer) never takes a dense call's entry
+    return (cache.device, cache.dtype, cache.shape, cache.stride(), ids.device, ids.dtype, ids.dim(), ids.layout,
+            page_size, fp8_out)
 
 
 def _flat_remembered(cache, ids, page_size, extra_rows, fp8_out):
@@ -167,7 +168,7 @@ def _flat_remembered(cache, ids, page_size, extra_rows, fp8_out):
         if type(page_size) is not int or type(extra_rows) is not int:
             return None  # 16.0 == 16 would find the int's entry: the checks refuse it by name
         ready = _flat_ready.get(_flat_key(cache, ids, page_size, fp8_out))
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, or no strides (sparse CSR, nested)
         return None
     if ready is None or extra_rows < 0:
         return None
@@ -218,8 +219,8 @@ def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool
             checks.unit_inner_stride("out", out)
         if rows > 1 and out.stride(0) < spec.ROW_VALUES:
             raise ValueError(f"out: rows overlap (stride(0) = {out.stride(0)} < {spec.ROW_VALUES} values a row)")
-    if ids.device != cache.device or out.device != cache.device:
-        checks.same_device({"quant_k_cache": cache, "page_table_1_flattened": ids, "out": out})
+    if ids.device != cache.device or out.device != cache.device or layout.device < 0 and cache.device.type != "cpu":
+        checks.same_device({"quant_k_cache": cache, "page_table_1_flattened": ids, **({"out": out} if given else {})})
     if given and rows:
         _apart(FLAT_WRITES, FLAT_READS, {"out": out, "quant_k_cache": cache, "page_table_1_flattened": ids})
     if layout.device < 0:
@@ -261,7 +262,7 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
                block_table.device, block_table.dtype, block_table.shape, block_table.stride(),
                type(block_size), block_size, type(offset), offset)
         seen = _paged_calls.get(key)
-    except (AttributeError, TypeError):  # not tensors, unhashable: the full checks name them
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable, no strides: the checks name them
         key = seen = None
     if seen is not None:
         layout, blocks, tail, extents = seen
@@ -328,8 +329,8 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
     if block_table.size(1) > 1 and block_table.stride(1) != 1:
         checks.unit_inner_stride("block_table", block_table)
     checks.host_int("offset", offset)
-    if any(t.device != k_cache.device for t in named.values()):
-        checks.same_device({"k_cache": k_cache, **named})
+    if any(t.device != k_cache.device for t in named.values()) or k_cache.device.type not in ("cpu", "cuda"):
+        checks.same_device({"out": out, "k_cache": k_cache, **named})  # schema order: the first is named
     for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",
                                                                           block_table.size(1))):
         checks.fits_int32(name, what, value)

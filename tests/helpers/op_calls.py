@@ -4,6 +4,7 @@ function with ``torch.ops.nvrtc_gather.<op>``."""
 import torch
 
 import nvrtc_gather as ng
+from nvrtc_gather.ops.dsv4_gather import gather_flat
 
 I32 = torch.int32
 
@@ -31,11 +32,24 @@ def calls() -> dict:
         "gather_and_maybe_dequant_cache": lambda: (
             torch.randint(0, 255, (2, 4, 8), dtype=torch.uint8), torch.zeros(4, 8, dtype=torch.bfloat16), bt(),
             cu(), torch.zeros(4, dtype=I32), 4, "fp8", torch.ones(1)),
+        "dequantize_and_gather_k_cache": lambda: (
+            torch.zeros(1, 4, 512, dtype=torch.bfloat16), _v4_pages(2).view(2, 4, 584), torch.tensor([3], dtype=I32),
+            torch.tensor([2], dtype=I32), torch.tensor([[1]], dtype=I32), 4, 1),
+        "dsv4_gather_flat": lambda: (
+            _v4_pages(2), torch.tensor([5, 0, 2], dtype=I32), 4, torch.zeros(4, 1, 512, dtype=torch.float8_e4m3fn), 1,
+            True),
     }
 
 
+def _v4_pages(n: int) -> torch.Tensor:
+    """n pages of 4 DeepSeek-V4 records (584 bytes: 448 fp8 values, 7 UE8M0 scales, 64 bf16),
+    the pool's 2-D buffer; values and scales that decode to finite numbers."""
+    return torch.randint(0, 100, (n, 4 * 584), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+
+
 def plain(name: str):
-    return getattr(ng, name)
+    """The op's plain function (the flat form's: the one both SGLang entries call)."""
+    return gather_flat if name == "dsv4_gather_flat" else getattr(ng, name)
 
 
 def registered(name: str):

@@ -5,7 +5,8 @@ compiled library carries; the worker hook relies on what vLLM's worker module do
 
 Runs in the environment ``scripts/setup_vllm_env.sh`` creates (``.venv-vllm``: vllm 0.33.0
 installed with --no-deps beside CPU torch, this checkout installed editable so that its entry
-point is visible). Without it these tests skip, unless NVRTC_GATHER_REQUIRE_VLLM_ENV=1 (set by
+point is visible), or the one ``NVRTC_GATHER_VLLM_VENV`` names (scripts/engine_matrix.sh: one per
+vLLM release, 0.34.0 too). Without it these tests skip, unless NVRTC_GATHER_REQUIRE_VLLM_ENV=1 (set by
 .ci/run), where a missing environment fails. vLLM's compiled ops need libtorch_cuda and a
 driver, so on CPU the schemas are the ones ``register()`` defines."""
 import ast
