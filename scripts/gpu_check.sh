@@ -88,7 +88,11 @@ for stage in $stages; do
       # the chunked-context gathers (shared memory between the row search and the copy)
       compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
         tests/gpu/test_cache_gather_gpu.py -k "request_counts and (33 or 1024)" 2>&1 \
-        | tee "$OUT/racecheck_cache_gather.log" | tail -5 || status=1 ;;
+        | tee "$OUT/racecheck_cache_gather.log" | tail -5 || status=1
+      # SGLang's index-K read (shared memory between its lengths' scan, row search and copy)
+      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+        tests/gpu/test_index_k_read_gpu.py -k "read_matches" 2>&1 \
+        | tee "$OUT/racecheck_index_k_read.log" | tail -5 || status=1 ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "

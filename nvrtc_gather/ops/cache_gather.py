@@ -285,7 +285,7 @@ def _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra) -> 
                 # a layout remembered for plain tensors; the full checks refuse it by name
                 src_cache.is_conj() or src_cache.is_neg() or dst.is_conj() or dst.is_neg(),
                 None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
-                None if scale is None else (scale.device, scale.dtype, scale.shape))
+                None if scale is None else (scale.device, scale.dtype, scale.shape, scale.is_neg()))
     except (AttributeError, RuntimeError):
         return None
 

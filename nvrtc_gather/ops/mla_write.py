@@ -304,7 +304,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     key = layout = None
     try:
         key = (fast_path.layout_key5(kv_c, k_pe, kv_cache, slot_mapping, scale), kv_cache_dtype, skip_scale,
-               ds_scale_rule, kv_c.is_neg() or k_pe.is_neg())  # float rows may be negative views: full checks
+               ds_scale_rule, kv_c.is_neg() or k_pe.is_neg() or scale.is_neg())  # negative views: full checks
         layout = _layouts.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: plan_write says which
         key = None
