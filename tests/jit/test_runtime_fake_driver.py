@@ -612,11 +612,17 @@ def _view_cases():
          lambda: (torch.randn(2, 512, dtype=torch.float16), torch.randn(2, 64, dtype=torch.float16),
                   torch.zeros(1, 16, 656, dtype=torch.uint8),
                   torch.tensor([0, 1]), "fp8_ds_mla", torch.ones(1)), 0, "kv_c"),
+        ("mla_write", "concat_and_cache_mla", "plan_write", {},
+         lambda: (torch.randn(2, 8), torch.randn(2, 4), torch.zeros(1, 16, 12, dtype=torch.uint8),
+                  torch.tensor([0, 1]), "fp8", torch.ones(1)), 5, "scale"),
+        ("cache_gather", "gather_and_maybe_dequant_cache", "plan_gather", {"rows_per_cta": 8},
+         lambda: (torch.randint(0, 255, (2, 4, 8), dtype=torch.uint8), torch.zeros(4, 8, dtype=torch.bfloat16), bt, cu,
+                  torch.zeros(4, dtype=torch.int32), 4, "fp8", torch.ones(1)), 7, "scale"),
     ]
 
 
 @pytest.mark.parametrize("view", ["conjugate", "negative"])
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(7))
 def test_a_view_whose_bytes_are_not_its_values_never_takes_a_remembered_layout(fake, monkeypatch, case, view):
     """Issue 37 item 6 on the CUDA branch: a call remembered for plain tensors, then the same
     metadata with a conjugate or negative view: the fast path does not serve it, the full checks
