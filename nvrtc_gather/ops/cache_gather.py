@@ -285,7 +285,9 @@ def _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra) -> 
                 # a layout remembered for plain tensors; the full checks refuse it by name
                 src_cache.is_conj() or src_cache.is_neg() or dst.is_conj() or dst.is_neg(),
                 None if seq_starts is None else (seq_starts.device, seq_starts.dtype, seq_starts.shape, seq_starts.stride()),
-                None if scale is None else (scale.device, scale.dtype, scale.shape, scale.is_neg()))
+                # scale's and token_to_seq's strides are never used: their layout stands for them (a
+                # sparse one has no storage, and the full checks refuse it by name)
+                None if scale is None else (scale.device, scale.dtype, scale.shape, scale.is_neg(), scale.layout))
     except (AttributeError, RuntimeError):
         return None
 
@@ -382,7 +384,8 @@ def gather_and_maybe_dequant_cache(src_cache: torch.Tensor, dst: torch.Tensor, b
     key = None
     if type(num_tokens) is int and type(kv_cache_dtype) is str:
         try:
-            extra = (num_tokens, kv_cache_dtype, token_to_seq.device, token_to_seq.dtype, token_to_seq.dim())
+            extra = (num_tokens, kv_cache_dtype, token_to_seq.device, token_to_seq.dtype, token_to_seq.dim(),
+                     token_to_seq.layout)
         except (AttributeError, RuntimeError):
             extra = None
         key = extra and _key(src_cache, dst, block_table, cu_seq_lens, seq_starts, scale, extra)
