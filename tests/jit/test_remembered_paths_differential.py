@@ -350,10 +350,26 @@ def _int_changes(i: int, name: str, v) -> list:
     return [(f"{name} {w!r}", put(w)) for w in (v + 1, v - 1, 0, -1, True, float(v), np.int64(v), None)]
 
 
+def _inside(i: int, j: int):
+    """Tensor i with its metadata over the first bytes of tensor j's storage (torch refuses where
+    j's storage is too small or misaligned for i's dtype: that change does not apply)."""
+    def change(a):
+        t, room = a[i], a[j].untyped_storage()
+        need = (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * \
+            t.element_size()
+        if room.nbytes() < need:
+            raise RuntimeError("too small")
+        a[i] = torch.empty(0, dtype=t.dtype).set_(room, 0, t.shape, t.stride())
+    return change
+
+
 def op_changes(op: str) -> list:
     schema = op_calls.registered(op).default._schema
     args = op_calls.calls()[op]()
     out = []
+    tensors = [(i, arg.name) for i, (arg, value) in enumerate(zip(schema.arguments, args))
+               if isinstance(value, torch.Tensor)]
+    out += [(f"{ni} inside {nj}", _inside(i, j)) for i, ni in tensors for j, nj in tensors if i != j]
     for i, (arg, value) in enumerate(zip(schema.arguments, args)):
         if isinstance(value, torch.Tensor):
             out += _tensor_changes(i, arg.name, value)
@@ -362,7 +378,15 @@ def op_changes(op: str) -> list:
         elif isinstance(value, str):
             out += [(f"{arg.name} {w!r}", lambda a, i=i, w=w: a.__setitem__(i, w))
                     for w in ("auto", "fp8", "ue8m0", "")]
-    return out
+    return [c for c in out if _applies(c[1], lambda: list(op_calls.calls()[op]()))]
+
+
+def _applies(change, base) -> bool:
+    try:
+        change(base())
+        return True
+    except (IndexError, RuntimeError, NotImplementedError):  # torch makes no such tensor of the base's
+        return False
 
 
 OPS = {op: op_changes(op) for op in op_calls.calls()}
