@@ -16,6 +16,7 @@ the remembered paths read the bit, the float scales: docs/contract.md, an intege
 import ctypes
 import random
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from nvrtc_gather.jit import driver, runtime, spec
 from nvrtc_gather.ops import (cache_gather, dsv4_gather, gather, index_k_read, indexer_k_quant, indexer_k_scatter,
                               mla_gather, mla_write)
 
+warnings.filterwarnings("ignore", message=".*(quantize|nested|Sparse CSR).*")
 I32, I64, U8 = torch.int32, torch.int64, torch.uint8
 READ_PAGE, V4_PAGE = 64 * 132, 4 * 584  # bytes of a page: the index buffer's (64 tokens), V4's (4 tokens)
 
@@ -328,7 +330,11 @@ def _tensor_changes(i: int, name: str, t: torch.Tensor) -> list:
            if b % t.element_size() == 0]
     out += [(f"{name} sparse", put(lambda x: torch.zeros(x.shape, dtype=torch.int32 if x.dtype.is_floating_point
                                                          and x.element_size() == 1 else x.dtype).to_sparse())),
-            (f"{name} on meta", put(lambda x: x.to("meta")))]
+            (f"{name} on meta", put(lambda x: x.to("meta"))),
+            (f"{name} sparse CSR", put(lambda x: torch.zeros(4, 4).to_sparse_csr())),
+            (f"{name} nested", put(lambda x: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]))),
+            (f"{name} quantized", put(lambda x: torch._make_per_tensor_quantized_tensor(
+                torch.zeros(x.shape, dtype=U8), 1.0, 0)))]
     if t.dim():
         out += [(f"{name} one row less", put(lambda x: x[:-1])), (f"{name} rows strided",
                                                                   put(lambda x: x.repeat_interleave(2, 0)[::2]))]
