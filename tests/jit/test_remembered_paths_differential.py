@@ -25,8 +25,8 @@ import torch
 from helpers import op_calls
 from nvrtc_gather.integrations import sglang as sg
 from nvrtc_gather.jit import driver, runtime, spec
-from nvrtc_gather.ops import (cache_gather, dsv4_gather, gather, index_k_read, indexer_k_quant, indexer_k_scatter,
-                              mla_gather, mla_write)
+from nvrtc_gather.ops import (cache_gather, checks, dsv4_gather, gather, index_k_read, indexer_k_quant,
+                              indexer_k_scatter, mla_gather, mla_write)
 
 warnings.filterwarnings("ignore", message=".*(quantize|nested|Sparse CSR).*")
 I32, I64, U8 = torch.int32, torch.int64, torch.uint8
@@ -38,6 +38,7 @@ class Recorder:
 
     def __init__(self):
         self.kernels, self.launches = {}, []  # CUfunction -> (module, entry name)
+        self.full_checks = 0  # calls of checks.tensor
 
     def ctx_get_current(self, ref):
         ref._obj.value = 7
@@ -79,6 +80,12 @@ def fake(monkeypatch):
     monkeypatch.setattr(dsv4_gather, "_cache_layout", cache_on_device_0)
     for module, plan, fields in PLANS:  # the registered ops' plans (indexer_k_scatter's above)
         monkeypatch.setattr(module, plan, _on_device_0(getattr(module, plan), fields))
+    real_tensor = checks.tensor
+
+    def counted(*args):  # the full checks' first step: a remembered call never takes it
+        rec.full_checks += 1
+        return real_tensor(*args)
+    monkeypatch.setattr(checks, "tensor", counted)
     return rec
 
 
@@ -118,6 +125,22 @@ def outcome(rec, call) -> tuple:
         fields = [fresh.get(v, v) if i < pointers else v for i, v in enumerate(values)]
         launches.append((name, grid, block, dict(zip(module.params.names, fields))))
     return "ran", launches, [(tuple(t.shape), t.stride(), t.dtype) for t in outs]
+
+
+def assert_remembered(rec, call, checked: bool = False) -> None:
+    """``call`` (the base) launches, and a second run of it takes the remembered path (no full
+    checks; ``checked``: an entry whose tensors are checked on every call), so a change of the
+    same metadata meets that path, not the full checks again."""
+    first = outcome(rec, call)
+    assert first[0] == "ran" and first[1], first
+    before = rec.full_checks
+    assert outcome(rec, call) == first
+    assert (rec.full_checks > before) == checked, "the base call is not remembered" if not checked else "remembered"
+
+
+# The flat form with a given out (op_calls' call): only the cache's layout is remembered, the ids
+# and out are checked on every call (SGLang's entries pass out=None: the remembered path).
+EVERY_CALL_CHECKED = {"dsv4_gather_flat"}
 
 
 def shifted(t: torch.Tensor, by: int) -> torch.Tensor:
@@ -315,8 +338,7 @@ def test_the_remembered_path_does_what_the_full_checks_do(fake, entry, case):
     forget()
     cold = outcome(fake, make_call(args))
     forget()
-    warm_base = outcome(fake, make_call(base()))
-    assert warm_base[0] == "ran" and warm_base[1], warm_base  # the base launches (and is remembered)
+    assert_remembered(fake, make_call(base()))
     warm = outcome(fake, make_call(args))
     assert warm == cold, f"{entry}, {what}:\n remembered: {warm}\n full checks: {cold}"
 
@@ -408,7 +430,6 @@ def test_every_ops_remembered_path_does_what_its_full_checks_do(fake, op, case):
     forget()
     cold = outcome(fake, call(args))
     forget()
-    warm_base = outcome(fake, call(base()))
-    assert warm_base[0] == "ran" and warm_base[1], warm_base
+    assert_remembered(fake, call(base()), checked=op in EVERY_CALL_CHECKED)
     warm = outcome(fake, call(args))
     assert warm == cold, f"{op}, {what}:\n remembered: {warm}\n full checks: {cold}"
