@@ -80,6 +80,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(dsv4_gather, "_cache_layout", cache_on_device_0)
     for module, plan, fields in PLANS:  # the registered ops' plans (indexer_k_scatter's above)
         monkeypatch.setattr(module, plan, _on_device_0(getattr(module, plan), fields))
+    for module, name in MEMOS:  # fresh memos, the process's own back after the test (they would
+        monkeypatch.setattr(module, name, getattr(module, name).__class__())  # hold device-0 layouts)
     real_tensor = checks.tensor
 
     def counted(*args):  # the full checks' first step: a remembered call never takes it
