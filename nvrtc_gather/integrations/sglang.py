@@ -374,7 +374,7 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
         return
     nq = index_k_read.layout_words(buf, page_size, index_head_dim, quant_block_size)
     _check_rows(loc, index_k, index_k_scale, index_head_dim, nq)
-    checks.same_device({"buf": buf, "loc": loc, "index_k": index_k, "index_k_scale": index_k_scale})  # these names
+    checks.same_device({"buf": buf, "loc": loc, "index_k": index_k, "index_k_scale": index_k_scale})  # SetKAndS's order
     kv_cache = buf.view(buf.size(0), page_size, index_head_dim + 4 * nq)
     try:
         plan = indexer_k_scatter_op.plan_scatter(index_k, index_k_scale, kv_cache, loc)

@@ -330,7 +330,9 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
         checks.unit_inner_stride("block_table", block_table)
     checks.host_int("offset", offset)
     if any(t.device != k_cache.device for t in named.values()) or k_cache.device.type not in ("cpu", "cuda"):
-        checks.same_device({"out": out, "k_cache": k_cache, **named})  # schema order: the first is named
+        optional = {} if gather_lens is None else {"gather_lens": gather_lens}
+        checks.same_device({"out": out, "k_cache": k_cache, "seq_lens": seq_lens, **optional,  # the op's order
+                            "block_table": block_table})
     for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",
                                                                           block_table.size(1))):
         checks.fits_int32(name, what, value)

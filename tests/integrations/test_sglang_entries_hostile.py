@@ -84,6 +84,8 @@ def test_a_tensor_whose_bytes_are_not_its_values_is_refused_by_name(entry, index
     try:
         tensors[index] = HOSTILE[kind](tensors[index])
     except (RuntimeError, NotImplementedError) as e:  # quantized CUDA tensors in some torch builds
+        if device == "cpu":
+            raise
         pytest.skip(f"torch makes no {kind} tensor on {device}: {type(e).__name__}")
     before = _snapshot(tensors)
     with pytest.raises(TypeError, match=rf"^{name}: expected a (dense|plain)"):

@@ -51,6 +51,8 @@ def test_a_tensor_whose_bytes_are_not_its_values_is_refused_by_name(op, index, a
     try:
         args[index] = HOSTILE[kind](args[index])
     except (RuntimeError, NotImplementedError) as e:  # quantized CUDA tensors in some torch builds
+        if device == "cpu":
+            raise
         pytest.skip(f"torch makes no {kind} tensor on {device}: {type(e).__name__}")
     before = [a.clone() for a in args if isinstance(a, torch.Tensor) and a.layout == torch.strided
               and not a.is_quantized and not a.is_nested and not a.is_neg()]
