@@ -23,7 +23,18 @@ __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
         const int per = is_value ? vpt : p.scale_words;
         const int t = (int)(w / per);  // < num_tokens, an i32
         const int c = (int)(w - (i64)t * per);
-        const i64 s = (i64)__ldg(reinterpret_cast<const ST*>(p.slot_mapping) + t);
+        // The slot and this unit's bytes, both loaded before either is looked at: one DRAM round
+        // trip, not the slot's then the data's (the data does not depend on the slot, and row t
+        // of k and k_scale exists whatever the slot: the host checks their rows).
+        const ST slot = ng_ldg_now(reinterpret_cast<const ST*>(p.slot_mapping) + t);
+        V v;
+        u32 x = 0;
+        if (is_value) {
+            v = __ldg(reinterpret_cast<const V*>(p.k + (i64)t * p.k_row_stride) + c);
+        } else {
+            x = __ldg(reinterpret_cast<const u32*>(p.k_scale + (i64)t * p.scale_row_stride) + c);
+        }
+        const i64 s = (i64)slot;
         if (s < 0) continue;  // padding
         if (s >= p.num_slots) {
             if (c == 0 && is_value) ng_report(p.error, NG_ERR_SLOT, t, s, p.num_slots);
@@ -34,10 +45,8 @@ __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
         ng_split_slot(s, block_size, blk, off);
         u8* base = p.kv_cache + blk * p.block_stride;
         if (is_value) {
-            const V v = __ldg(reinterpret_cast<const V*>(p.k + (i64)t * p.k_row_stride) + c);
             *(reinterpret_cast<V*>(base + (i64)off * p.head_dim) + c) = v;
         } else {
-            const u32 x = __ldg(reinterpret_cast<const u32*>(p.k_scale + (i64)t * p.scale_row_stride) + c);
             *(reinterpret_cast<u32*>(base + (i64)p.block_size * p.head_dim + (i64)off * p.scale_words * 4) + c) = x;
         }
     }

@@ -17,7 +17,7 @@ import pytest
 
 from helpers.nvidia_files import nvidia_file
 from nvrtc_gather.jit import compiler
-from nvrtc_gather.kernels import gather, index_k_read
+from nvrtc_gather.kernels import gather, index_k_read, indexer_k_scatter
 
 WARP_ROW_ENTRIES = [(m, e) for m in (*gather.MODULES.values(), *index_k_read.MODULES.values())
                     for e in m.kernels if e.endswith("_tiny")]
@@ -123,3 +123,15 @@ def test_the_reads_first_lengths_and_page_ids_share_one_round_trip(sass, module,
     trip."""
     # the window's load, and in the block-a-tile entries also one request's guessed id
     assert loads_before_first_wait(sass(module)[entry]) >= (1 if entry.endswith("_tiny") else 2), entry
+
+
+SCATTER_ENTRIES = [(m, e) for m in indexer_k_scatter.MODULES.values() for e in m.kernels]
+
+
+@pytest.mark.parametrize("module, entry", SCATTER_ENTRIES, ids=[e for _, e in SCATTER_ENTRIES])
+def test_a_writes_slot_and_its_bytes_share_one_round_trip(sass, module, entry):
+    """The write (SGLang's SetKAndS, indexer_k_scatter): a unit's slot and its bytes (a value
+    vector or a scale word, which do not depend on the slot) are loaded before anything waits for
+    the slot, so a small write is one DRAM round trip before its store; loaded after the slot's
+    checks, as they were, they were two."""
+    assert loads_before_first_wait(sass(module)[entry]) >= 1, entry
