@@ -435,3 +435,94 @@ def test_every_ops_remembered_path_does_what_its_full_checks_do(fake, op, case):
     assert_remembered(fake, call(base()), checked=op in EVERY_CALL_CHECKED)
     warm = outcome(fake, call(args))
     assert warm == cold, f"{op}, {what}:\n remembered: {warm}\n full checks: {cold}"
+
+
+def _remembered_variant(fake, op, case: int):
+    """(the call with change A, with A then B): A drawn by the case's seed among the changes whose
+    call launches and is remembered (a stride-0 row, a moved pointer, another dtype, ...)."""
+    rng = random.Random(10_000 + case)
+    changes = OPS[op]
+    while True:
+        first, second = rng.sample(changes, 2)
+        a, ab = list(op_calls.calls()[op]()), list(op_calls.calls()[op]())
+        try:
+            first[1](a)
+            first[1](ab)
+            second[1](ab)
+        except (IndexError, RuntimeError, NotImplementedError):
+            continue
+        forget()
+        got = outcome(fake, lambda: op_calls.plain(op)(*a))
+        before = fake.full_checks
+        if got[0] != "ran" or not got[1] or outcome(fake, lambda: op_calls.plain(op)(*a)) != got or \
+                fake.full_checks != before:
+            continue  # A is refused, launches nothing or is not remembered: draw again
+        return a, ab, f"{first[0]}, then {second[0]}"
+
+
+VARIANT_CASES = [(op, i) for op in OPS if op not in EVERY_CALL_CHECKED for i in range(40)]
+
+
+@pytest.mark.parametrize("op,case", VARIANT_CASES, ids=[f"{o}-{i}" for o, i in VARIANT_CASES])
+def test_a_changed_layout_remembered_then_changed_again(fake, op, case):
+    """The remembered layout is a changed call's (e.g. a row of stride 0, whose strides a sparse
+    tensor of its shape shares), and the next call changes it again: still the full checks'
+    outcome."""
+    a, ab, what = _remembered_variant(fake, op, case)
+    call = lambda args: lambda: op_calls.plain(op)(*args)  # noqa: E731
+    forget()
+    cold = outcome(fake, call(ab))
+    forget()
+    assert_remembered(fake, call(a))
+    warm = outcome(fake, call(ab))
+    assert warm == cold, f"{op}, {what}:\n remembered: {warm}\n full checks: {cold}"
+
+
+def _same_tensor_pairs() -> list:
+    """(op, A, B): a tensor's strides changed (A, remembered), then that tensor made one whose
+    bytes are not its values (B): a sparse tensor's strides are zeros, a row of stride 0's too."""
+    out = []
+    for op, changes in OPS.items():
+        if op in EVERY_CALL_CHECKED:
+            continue
+        named = dict(changes)
+        for name in named:
+            for a in ("rows expanded", "rows strided", "column-major"):
+                if name.endswith(" " + a):
+                    tensor = name[:-len(a) - 1]
+                    if _accepted_on_cpu(op, named[name]):  # else the full checks refuse A: nothing remembered
+                        out += [(op, name, f"{tensor} {b}") for b in ("sparse", "sparse CSR", "nested", "quantized")
+                                if f"{tensor} {b}" in named]
+    return out
+
+
+def _accepted_on_cpu(op: str, change) -> bool:
+    args = list(op_calls.calls()[op]())
+    change(args)
+    try:
+        op_calls.plain(op)(*args)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+PAIRS = _same_tensor_pairs()
+
+
+@pytest.mark.parametrize("op,first,second", PAIRS, ids=[f"{o}-{a}-{b}" for o, a, b in PAIRS])
+def test_a_strided_layout_remembered_then_a_tensor_without_storage(fake, op, first, second):
+    """A sparse tensor's strides are zeros and it has no storage: remembered under a strided
+    layout of its shape, it must still get the full checks' TypeError (no registered op accepts
+    a tensor whose strides are all zero where such a one could follow: these pass)."""
+    named = dict(OPS[op])
+    a, ab = list(op_calls.calls()[op]()), list(op_calls.calls()[op]())
+    named[first](a)
+    named[first](ab)
+    named[second](ab)
+    call = lambda args: lambda: op_calls.plain(op)(*args)  # noqa: E731
+    forget()
+    cold = outcome(fake, call(ab))
+    forget()
+    assert outcome(fake, call(a))[0] == "ran"
+    warm = outcome(fake, call(ab))
+    assert warm == cold, f"{op}, {first}, then {second}:\n remembered: {warm}\n full checks: {cold}"
