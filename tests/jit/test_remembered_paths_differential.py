@@ -12,7 +12,8 @@ shapes, strides and dtypes. The calls are the base with one or two changes drawn
 entry's list: other pointers under the same metadata, other host ints (bad ones included), other
 strides, dtypes and shapes, tensors whose bytes are not their values (negative views only where
 the remembered paths read the bit, the float scales: docs/contract.md, an integer tensor's
-``torch._neg_view`` is refused on the first call of its metadata only)."""
+``torch._neg_view`` is refused on the first call of its metadata only). The last two tests
+remember a changed call and change it again."""
 import ctypes
 import random
 import types
