@@ -301,9 +301,10 @@ _paged_calls = fast_path.LayoutMemo()  # vLLM's form: (layout, grid, the call's 
 
 
 def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> None:
-    named = {"out": out, "seq_lens": seq_lens, "block_table": block_table}
+    named = {"out": out, "seq_lens": seq_lens}  # the op's order (k_cache, second, is checked apart)
     if gather_lens is not None:
         named["gather_lens"] = gather_lens
+    named["block_table"] = block_table
     for name, t in named.items():
         checks.tensor(name, t)
     checks.dtype_in("out", out, (_BF16,))
@@ -330,9 +331,7 @@ def _check_paged(out, seq_lens, gather_lens, block_table, offset, k_cache) -> No
         checks.unit_inner_stride("block_table", block_table)
     checks.host_int("offset", offset)
     if any(t.device != k_cache.device for t in named.values()) or k_cache.device.type not in ("cpu", "cuda"):
-        optional = {} if gather_lens is None else {"gather_lens": gather_lens}
-        checks.same_device({"out": out, "k_cache": k_cache, "seq_lens": seq_lens, **optional,  # the op's order
-                            "block_table": block_table})
+        checks.same_device({"out": out, "k_cache": k_cache, **named})  # "out" keeps its place: the op's order
     for name, what, value in (("out", "rows per request", out.size(1)), ("block_table", "max_blocks",
                                                                           block_table.size(1))):
         checks.fits_int32(name, what, value)
