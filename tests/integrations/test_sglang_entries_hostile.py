@@ -5,15 +5,11 @@ nothing is written before either; on CUDA after a valid call of the same layout 
 remembered path). Before: the read and the flat gathers raised torch's
 RuntimeError for a sparse CSR or nested tensor (their remembered-layout lookup read its
 strides), and a call with every tensor on meta was blamed on overlapping memory."""
-import warnings
-
 import pytest
 import torch
 
-from helpers import op_calls
+from helpers import hostile_tensors, op_calls
 from nvrtc_gather.integrations import sglang as sg
-
-warnings.filterwarnings("ignore", message=".*(quantize|nested|Sparse CSR).*")
 
 I32 = torch.int32
 _READ_PAGE = 64 * 132  # bytes of a 64-token page of the index buffer (128 fp8 values, 1 scale)
@@ -44,18 +40,9 @@ ENTRIES = {
     "gather_dequant_requant_fp8_paged_dsv4": (lambda t, rest: sg.gather_dequant_requant_fp8_paged_dsv4(*t, *rest, 2),
                                               _flat, ("quant_k_cache", "page_table_1_flattened")),
 }
-HOSTILE = {
-    "quantized": lambda t: torch._make_per_tensor_quantized_tensor(torch.zeros(t.shape, dtype=torch.uint8,
-                                                                               device=t.device), 1.0, 0),
-    "sparse_coo": lambda t: torch.zeros(t.shape, device=t.device).to_sparse(),
-    "sparse_csr": lambda t: torch.zeros(4, 4, device=t.device).to_sparse_csr(),
-    "nested": lambda t: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], device=t.device),
-    "negative view": lambda t: torch._neg_view(t),
-}
 CASES = [(entry, i, name) for entry, (_, _, names) in ENTRIES.items() for i, name in enumerate(names)]
 IDS = [f"{e}-{n}" for e, _, n in CASES]
-IMAG_DTYPES = (torch.float16, torch.float32, torch.float64)  # what a complex's .imag has
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+DEVICES = hostile_tensors.DEVICES
 
 
 def _call(entry, tensors, rest):
@@ -73,20 +60,13 @@ def _snapshot(tensors):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", HOSTILE)
+@pytest.mark.parametrize("kind", hostile_tensors.KINDS)
 @pytest.mark.parametrize("entry,index,name", CASES, ids=IDS)
 def test_a_tensor_whose_bytes_are_not_its_values_is_refused_by_name(entry, index, name, kind, device):
     tensors, rest = _on(device, ENTRIES[entry][1])
-    if device == "cuda" and kind == "negative view" and tensors[index].dtype not in IMAG_DTYPES:
-        pytest.skip("the public API makes a negative view only as a complex's .imag (fp16, fp32, fp64): on "
-                    "CUDA the remembered path checks the bit of those dtypes' arguments alone")
+    hostile_tensors.skip_unless_checked_on_cuda(kind, tensors[index], device)
     _call(entry, tensors, rest)  # a valid call first: on CUDA its layout is remembered
-    try:
-        tensors[index] = HOSTILE[kind](tensors[index])
-    except (RuntimeError, NotImplementedError) as e:  # quantized CUDA tensors in some torch builds
-        if device == "cpu":
-            raise
-        pytest.skip(f"torch makes no {kind} tensor on {device}: {type(e).__name__}")
+    tensors[index] = hostile_tensors.make(kind, tensors[index], device)
     before = _snapshot(tensors)
     with pytest.raises(TypeError, match=rf"^{name}: expected a (dense|plain)"):
         _call(entry, tensors, rest)

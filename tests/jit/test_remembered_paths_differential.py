@@ -17,19 +17,17 @@ remember a changed call and change it again."""
 import ctypes
 import random
 import types
-import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import op_calls
+from helpers import hostile_tensors, op_calls
 from nvrtc_gather.integrations import sglang as sg
 from nvrtc_gather.jit import driver, runtime, spec
 from nvrtc_gather.ops import (cache_gather, checks, dsv4_gather, gather, index_k_read, indexer_k_quant,
                               indexer_k_scatter, mla_gather, mla_write)
 
-warnings.filterwarnings("ignore", message=".*(quantize|nested|Sparse CSR).*")
 I32, I64, U8 = torch.int32, torch.int64, torch.uint8
 READ_PAGE, V4_PAGE = 64 * 132, 4 * 584  # bytes of a page: the index buffer's (64 tokens), V4's (4 tokens)
 
@@ -232,7 +230,7 @@ FLAT_CHANGES = [
     ("cache fp8", lambda a: a.update(cache=a["cache"].view(torch.float8_e4m3fn))),
     ("cache int8", lambda a: a.update(cache=a["cache"].view(torch.int8))),
     ("cache 2 pages", lambda a: a.update(cache=a["cache"][:2])),
-    ("cache CSR", lambda a: a.update(cache=torch.zeros(4, 4).to_sparse_csr())),
+    ("cache CSR", lambda a: a.update(cache=hostile_tensors.KINDS["sparse_csr"](a["cache"]))),
     ("ids int64", lambda a: a.update(ids=a["ids"].to(I64))),
     ("ids strided", lambda a: a.update(ids=a["ids"].repeat_interleave(3)[::3])),
     ("ids 2", lambda a: a.update(ids=a["ids"][:2])),
@@ -356,10 +354,9 @@ def _tensor_changes(i: int, name: str, t: torch.Tensor) -> list:
     out += [(f"{name} sparse", put(lambda x: torch.zeros(x.shape, dtype=torch.int32 if x.dtype.is_floating_point
                                                          and x.element_size() == 1 else x.dtype).to_sparse())),
             (f"{name} on meta", put(lambda x: x.to("meta"))),
-            (f"{name} sparse CSR", put(lambda x: torch.zeros(4, 4).to_sparse_csr())),
-            (f"{name} nested", put(lambda x: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]))),
-            (f"{name} quantized", put(lambda x: torch._make_per_tensor_quantized_tensor(
-                torch.zeros(x.shape, dtype=U8), 1.0, 0)))]
+            (f"{name} sparse CSR", put(hostile_tensors.KINDS["sparse_csr"])),
+            (f"{name} nested", put(hostile_tensors.KINDS["nested"])),
+            (f"{name} quantized", put(hostile_tensors.KINDS["quantized"]))]
     if t.dim():
         out += [(f"{name} one row less", put(lambda x: x[:-1])), (f"{name} rows strided",
                                                                   put(lambda x: x.repeat_interleave(2, 0)[::2]))]
@@ -368,8 +365,8 @@ def _tensor_changes(i: int, name: str, t: torch.Tensor) -> list:
         out.append((f"{name} column-major", put(lambda x: x.transpose(0, 1).contiguous().transpose(0, 1))))
     if t.dtype in (torch.int32, torch.int64):
         out.append((f"{name} other int", put(lambda x: x.to(torch.int64 if x.dtype == torch.int32 else torch.int32))))
-    if t.dtype in (torch.float16, torch.float32, torch.float64):
-        out.append((f"{name} negative view", put(torch._neg_view)))
+    if t.dtype in hostile_tensors.IMAG_DTYPES:
+        out.append((f"{name} negative view", put(hostile_tensors.KINDS["negative view"])))
     if t.element_size() == 1:
         out.append((f"{name} as int8", put(lambda x: x.view(torch.int8) if x.dtype != torch.int8 else x.view(U8))))
     return out

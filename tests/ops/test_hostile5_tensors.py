@@ -3,40 +3,18 @@ quantized, sparse or nested tensor, a conjugate or negative view) is refused wit
 naming the argument, before anything is written, by the plain function and by
 ``torch.ops.nvrtc_gather.<op>`` alike (before: a quantized src_cache crashed the interpreter;
 a conjugate view raised torch's RuntimeError in one and was resolved in the other)."""
-import warnings
-
 import pytest
 import torch
 
-from helpers import op_calls
+from helpers import hostile_tensors, op_calls
 
-warnings.filterwarnings("ignore", message=".*(quantize|nested).*")
-
-
-def _quantized(t):
-    return torch._make_per_tensor_quantized_tensor(torch.zeros(t.shape, dtype=torch.uint8, device=t.device), 1.0, 0)
-
-
-def _nested(t):
-    return torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], device=t.device)
-
-
-HOSTILE = {
-    "quantized": _quantized,
-    "sparse_coo": lambda t: torch.zeros(t.shape, device=t.device).to_sparse(),
-    "sparse_csr": lambda t: torch.zeros(4, 4, device=t.device).to_sparse_csr(),
-    "nested": _nested,
-    "negative view": lambda t: torch._neg_view(t),
-}
 ENTRIES = {"plain": op_calls.plain, "torch.ops": op_calls.registered}
 CASES = [(op, i, arg) for op in op_calls.calls() for i, arg in op_calls.tensor_names(op)]
-IMAG_DTYPES = (torch.float16, torch.float32, torch.float64)  # what a complex's .imag has
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", hostile_tensors.DEVICES)
 @pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("kind", HOSTILE)
+@pytest.mark.parametrize("kind", hostile_tensors.KINDS)
 @pytest.mark.parametrize("op,index,arg", CASES, ids=[f"{o}-{a}" for o, _, a in CASES])
 def test_a_tensor_whose_bytes_are_not_its_values_is_refused_by_name(op, index, arg, kind, entry, device):
     """On CUDA after a valid call of the same layout (the op's remembered path)."""
@@ -44,16 +22,9 @@ def test_a_tensor_whose_bytes_are_not_its_values_is_refused_by_name(op, index, a
     if index >= len(args):
         pytest.skip("an optional argument the call leaves out")
     if device == "cuda":
-        if kind == "negative view" and args[index].dtype not in IMAG_DTYPES:
-            pytest.skip("the public API makes a negative view only as a complex's .imag (fp16, fp32, fp64): "
-                        "on CUDA the remembered path checks the bit of those dtypes' arguments alone")
+        hostile_tensors.skip_unless_checked_on_cuda(kind, args[index], device)
         ENTRIES[entry](op)(*args)  # remembered
-    try:
-        args[index] = HOSTILE[kind](args[index])
-    except (RuntimeError, NotImplementedError) as e:  # quantized CUDA tensors in some torch builds
-        if device == "cpu":
-            raise
-        pytest.skip(f"torch makes no {kind} tensor on {device}: {type(e).__name__}")
+    args[index] = hostile_tensors.make(kind, args[index], device)
     before = [a.clone() for a in args if isinstance(a, torch.Tensor) and a.layout == torch.strided
               and not a.is_quantized and not a.is_nested and not a.is_neg()]
     with pytest.raises(TypeError, match=rf"^{arg}: expected a (dense|plain)"):
