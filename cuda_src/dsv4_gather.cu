@@ -8,7 +8,7 @@
 //  - fp8 (SGLang's gather_dequant_requant_fp8_paged_dsv4): e4m3 round to nearest even,
 //    finite overflow and inf to +-448, NaN 0x7f; RoPE bf16 cast the same way.
 // Scale byte 0 gives a scale of +0 (2^-127 flushed, as SGLang's and vLLM's kernels do), 255
-// +inf.
+// +inf. SGLang's bf16 flat form also reads DeepSeek-V4.1's records (V41Record below).
 //
 // Work split: one warp per token, NG_V4_PASSES tokens per warp (every token id loaded, then every
 // record, before any store). Lane l < 28 converts NoPE values [16l, 16l + 16) (one 16-byte load; its scale byte
@@ -166,22 +166,99 @@ __device__ __forceinline__ void store_lane(u8* dst, const V4Lane& x, u32 s, int 
     }
 }
 
-template <bool FP8_OUT>
+template <int ROW_BYTES>  // 512 (fp8) or 1024 (bf16) bytes a row over 32 lanes
 __device__ __forceinline__ void zero_lane(u8* dst, int lane) {
-    const int bytes = FP8_OUT ? 16 : 32;  // 512 or 1024 bytes a row over 32 lanes
-    uint4* d = reinterpret_cast<uint4*>(dst + bytes * lane);
+    uint4* d = reinterpret_cast<uint4*>(dst + ROW_BYTES / 32 * lane);
     d[0] = make_uint4(0u, 0u, 0u, 0u);
-    if (!FP8_OUT) d[1] = make_uint4(0u, 0u, 0u, 0u);
+    if (ROW_BYTES == 1024) d[1] = make_uint4(0u, 0u, 0u, 0u);
 }
 
+// The record formats the flat forms read: load(p, page, slot, lane, x, s) brings a lane's source
+// bytes and scale, store(dst, x, s, lane) writes its share of the output row; ROW_BYTES a row.
+template <bool FP8_OUT>
+struct V4Record {  // DeepSeek-V4's 584-byte record, bf16 or fp8 out
+    static constexpr int ROW_BYTES = FP8_OUT ? 512 : 1024;
+    typedef V4Lane Lane;
+    static __device__ __forceinline__ void load(const DsV4GatherParams& p, int page, int slot, int lane, Lane& x,
+                                                u32& s) {
+        load_lane(p, page, slot, lane, x, s);
+    }
+    static __device__ __forceinline__ void store(u8* dst, const Lane& x, u32 s, int lane) {
+        store_lane<FP8_OUT>(dst, x, s, lane);
+    }
+};
+
+// DeepSeek-V4.1's records (SGLang's KVLayout V41, V41_NEW, V41_FP4, V41_FP4_NEW), bf16 out: all
+// 512 values quantized (RoPE too); lane l converts values [16l, 16l + 16).
+//  - MXFP8 (FP4 false): 512 e4m3 codes, then 16 UE8M0 scales, one per 32 values: v = e4m3 *
+//    2^(s - 127) in fp32 without flush to zero; s = 0 is 2^-127 (an fp32 subnormal), s = 255 NaN.
+//  - FP4: 256 bytes of e2m1 codes (value 2j in byte j's low nibble), then 32 e4m3 scales, one per
+//    16 values: v = e2m1 * e4m3 in fp32 (exact).
+// Then bf16, round to nearest even (NaN 0x7fff). Where a token's bytes are: split (V41,
+// V41_FP4): data at slot * DATA, scales at page_size * DATA + slot * SCALES; interleaved (*_NEW):
+// data at slot * (DATA + SCALES), its scales right after. Every offset is a multiple of 16.
+template <bool FP4, bool INTERLEAVED>
+struct V41Record {
+    static constexpr int ROW_BYTES = 1024, DATA = FP4 ? 256 : 512, SCALES = FP4 ? 32 : 16;
+    struct Lane {
+        uint4 c;  // the lane's 16 codes (FP4: 8 bytes, in c.x and c.y)
+    };
+    static __device__ __forceinline__ void load(const DsV4GatherParams& p, int page, int slot, int lane, Lane& x,
+                                                u32& s) {
+        const u8* base = p.cache + (i64)page * p.page_stride;
+        const u8* rec = base + (i64)slot * (INTERLEAVED ? DATA + SCALES : DATA);
+        const u8* scales = INTERLEAVED ? rec + DATA : base + (i64)p.page_size * DATA + (i64)slot * SCALES;
+        if (FP4) {
+            const uint2 c = __ldg(reinterpret_cast<const uint2*>(rec) + lane);
+            x.c = make_uint4(c.x, c.y, 0u, 0u);
+            s = __ldg(scales + lane);
+        } else {
+            x.c = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
+            s = __ldg(scales + (lane >> 1));
+        }
+    }
+    // e2m1 code (4 bits) -> fp32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign (8 is -0).
+    static __device__ __forceinline__ float e2m1(u32 c) {
+        const u32 m = c & 7u;
+        const u32 mag = m < 2u ? (m ? 0x3f000000u : 0u) : (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
+        return __uint_as_float(mag | ((c & 8u) << 28));
+    }
+    static __device__ __forceinline__ void store(u8* dst, const Lane& x, u32 s, int lane) {
+        u32 o[8];
+        if (FP4) {
+            const float scale = ng_float_from_fp8e4m3(s);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const u32 b = ((i < 4 ? x.c.x : x.c.y) >> (8 * (i & 3))) & 0xffu;
+                o[i] = ng_bf16x2_from_float(__fmul_rn(e2m1(b & 15u), scale), __fmul_rn(e2m1(b >> 4), scale));
+            }
+        } else {
+            // 2^(s - 127) by its bits, s = 0 the subnormal 2^-127, s = 255 NaN
+            const float scale = __uint_as_float(s == 0u ? 0x00400000u : s == 255u ? 0x7fffffffu : s << 23);
+            const u32 c[4] = {x.c.x, x.c.y, x.c.z, x.c.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float f[4];
+                nope4(c[i], scale, f);
+                o[2 * i] = bf16x2_of_f32(f);
+                o[2 * i + 1] = bf16x2_of_f32(f + 2);
+            }
+        }
+        uint4* d = reinterpret_cast<uint4*>(dst + 32 * lane);
+        d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+};
+
 // SGLang's forms: out row r < num_ids from token id ids[r] (page id / page_size, slot id %
-// page_size); rows num_ids .. rows - 1 (extra_rows) and rows with a bad id are zero.
-template <typename IT, bool FP8_OUT>
+// page_size) in record format R; rows num_ids .. rows - 1 (extra_rows) and rows with a bad id
+// are zero.
+template <typename IT, class R>
 __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 row0 = (i64)blockIdx.x * NG_V4_ROWS + w;
     const FastDiv by_page(p.page_size);
-    V4Lane x[NG_V4_PASSES];
+    typename R::Lane x[NG_V4_PASSES];
     u32 s[NG_V4_PASSES];
     int state[NG_V4_PASSES];  // 1: load and store, 0: zero row, -1: no row
     IT ids[NG_V4_PASSES];     // every pass's token id, issued before any is waited for
@@ -198,7 +275,7 @@ __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
             const i64 id = (i64)ids[u];
             if (id >= 0 && id < p.num_slots) {  // num_slots <= INT32_MAX (host)
                 const int page = by_page((int)id);
-                load_lane(p, page, (int)id - page * p.page_size, lane, x[u], s[u]);
+                R::load(p, page, (int)id - page * p.page_size, lane, x[u], s[u]);
                 state[u] = 1;
             } else if (lane == 0) {
                 ng_report(p.error, NG_ERR_TOKEN_ID, row, id, p.num_slots);
@@ -209,7 +286,7 @@ __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
     for (int u = 0; u < NG_V4_PASSES; ++u) {
         if (state[u] < 0) continue;
         u8* dst = p.out + (row0 + u * NG_V4_WARPS) * p.out_row_stride;
-        if (state[u]) store_lane<FP8_OUT>(dst, x[u], s[u], lane); else zero_lane<FP8_OUT>(dst, lane);
+        if (state[u]) R::store(dst, x[u], s[u], lane); else zero_lane<R::ROW_BYTES>(dst, lane);
     }
 }
 
@@ -263,4 +340,5 @@ __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
 }
 
 // Entry points: none here. The spec (nvrtc_gather/kernels/dsv4_gather.py) names them and the
-// body each runs (dsv4_flat_body<i64, true>, dsv4_paged_body, ...); the JIT appends the wrappers.
+// body each runs (dsv4_flat_body<i64, V4Record<true>>, dsv4_paged_body, ...); the JIT appends the
+// wrappers.

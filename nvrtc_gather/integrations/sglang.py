@@ -413,15 +413,17 @@ def _check_rows(loc, index_k, index_k_scale, index_head_dim: int, nq: int) -> No
 # -- DeepSeek-V4's record gathers (SGLang 0.5.23's sglang.kernels.ops.attention.dsv4.dequant_k_cache) --------
 
 def dequantize_k_cache_paged_dsv4(quant_k_cache: torch.Tensor, page_table_1_flattened: torch.Tensor,
-                                  page_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                                  page_size: int, out: torch.Tensor | None = None, layout="v4") -> torch.Tensor:
     """SGLang's bf16 gather of the V4 record (584 bytes a token): row k of ``out`` (bf16 ``[n, 1,
     512]``, allocated with ``torch.empty`` when None, any row stride) is token
     ``page_table_1_flattened[k]`` (int32/int64 flat ids, page * page_size + slot) of the pool's
     buffer ``quant_k_cache`` (uint8 ``[num_pages, page bytes]``, any page stride), NoPE values
-    times their UE8M0 scale rounded to bf16, RoPE copied. One launch on CUDA tensors; a token id
-    outside the buffer gives a zero row (NVRTC_GATHER_DEBUG=1 raises; CPU tensors: ValueError).
-    Returns ``out``."""
-    return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, 0, False)
+    times their UE8M0 scale rounded to bf16, RoPE copied. ``layout`` (SGLang's ``KVLayout`` or its
+    name): ``v4``, or a V4.1 layout (``v41``, ``v41_new``: MXFP8; ``v41_fp4``, ``v41_fp4_new``),
+    every value dequantized as SGLang's ``dequantize_k_cache_paged_v41`` does. One launch on CUDA
+    tensors; a token id outside the buffer gives a zero row (NVRTC_GATHER_DEBUG=1 raises; CPU
+    tensors: ValueError). Returns ``out``."""
+    return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, 0, False, layout)
 
 
 def gather_dequant_requant_fp8_paged_dsv4(quant_k_cache: torch.Tensor, page_table_1_flattened: torch.Tensor,

@@ -11,9 +11,11 @@ backends bind them by ``from ... import``
 (``sglang.srt.layers.attention.deepseek_v4_backend``; the bf16 one also
 ``deepseek_v4_backend_hip_radix``). So the defining module's attributes are replaced (a backend
 imported later binds ours) and so is every already-imported ``sglang`` module attribute holding
-SGLang's function. The replacement serves the V4 layout on CUDA (a pool buffer of 1-byte
-elements, ids int32/int64, bf16 or fp8 e4m3fn outputs) and gives every other call, the V4.1
-layouts (``layout=``) and ROCm included, to SGLang's own function, saying why once."""
+SGLang's function. The replacement serves the V4 layout and, in the bf16 function, the V4.1
+layouts (``layout=`` V41, V41_NEW, V41_FP4, V41_FP4_NEW; SGLang's own kernel for those refuses
+GPUs below SM100) on CUDA (a pool buffer of 1-byte elements, ids int32/int64, bf16 or fp8
+e4m3fn outputs) and gives every other call, other layouts and ROCm included, to SGLang's own
+function, saying why once."""
 from __future__ import annotations
 
 import functools
@@ -23,6 +25,7 @@ import sys
 
 import torch
 
+from ..kernels import dsv4_gather as spec
 from ..ops import dsv4_gather
 
 MODULES = ("sglang.kernels.ops.attention.dsv4.dequant_k_cache",  # 0.5.16 on
@@ -91,8 +94,8 @@ def uninstall() -> None:
 
 
 def _unserved(cache, ids, out, fp8: bool, layout) -> tuple[str, str] | None:
-    if layout is not None and str(getattr(layout, "name", layout)).upper() != "V4":
-        return "layout", f"the {getattr(layout, 'name', layout)} layout (V4.1: SGLang's SM100 kernels)"
+    if layout is not None and str(getattr(layout, "value", layout)).lower() not in spec.TOKEN_BYTES:
+        return "layout", f"the {getattr(layout, 'name', layout)} layout"
     if torch.version.hip is not None:
         return "ROCm", f"torch {torch.__version__} is a ROCm build"
     if not isinstance(cache, torch.Tensor) or cache.dtype not in _BYTES or cache.device.type != "cuda":
@@ -123,7 +126,8 @@ def _wrap(name: str, original, leave):
         if why is not None:
             leave(name, *why)
             return original(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs)
-        return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8)
+        return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8,
+                                       "v4" if layout is None else layout)
 
     setattr(gather, _TAG, original)
     return gather

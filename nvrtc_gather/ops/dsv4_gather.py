@@ -3,8 +3,9 @@
 
 - ``dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size,
   offset)``: vLLM's (bf16 ``[reqs, M, 512]``, per-request rows through a block table);
-- ``gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)``: SGLang's two functions
-  (flat token ids; bf16 rows, or fp8 rows with ``extra_rows`` zero rows after them).
+- ``gather_flat(cache, ids, page_size, out, extra_rows, fp8_out, layout)``: SGLang's two functions
+  (flat token ids; bf16 rows, or fp8 rows with ``extra_rows`` zero rows after them); bf16 rows
+  also from SGLang's V4.1 layouts (``layout``: v41, v41_new, v41_fp4, v41_fp4_new).
 
 One launch of cuda_src/dsv4_gather.cu on CUDA tensors; the remembered layout is the cache's (its
 metadata, the ids' dtype, the page size), so a call whose only change is its row count, its
@@ -55,7 +56,7 @@ class CacheLayout(NamedTuple):
     launchers: dict      # entry -> launcher (per-call grid), made on first use
 
 
-def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayout:
+def _cache_layout(cache, page_size: int, name: str, three_d: bool, token_bytes: int) -> CacheLayout:
     checks.tensor(name, cache)
     checks.dtype_in(name, cache, _CACHE_DTYPES)
     checks.host_int("block_size" if three_d else "page_size", page_size, positive=True)
@@ -68,14 +69,14 @@ def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayou
             raise ValueError(f"{name}: expected strides (block bytes >= {page_size * spec.RECORD_BYTES}, "
                              f"{spec.RECORD_BYTES}, 1): a block's records then its scale rows, got {cache.stride()}")
     else:
-        if cache.dim() != 2 or cache.size(1) < page_size * spec.RECORD_BYTES:
+        if cache.dim() != 2 or cache.size(1) < page_size * token_bytes:
             raise ValueError(f"{name}: expected the pool's 2-D buffer [num_pages, page bytes >= page_size * "
-                             f"{spec.RECORD_BYTES} = {page_size * spec.RECORD_BYTES}], got shape {tuple(cache.shape)}")
+                             f"{token_bytes} = {page_size * token_bytes}], got shape {tuple(cache.shape)}")
         if cache.size(1) > 1 and cache.stride(1) != 1:
             checks.unit_inner_stride(name, cache)
-        if cache.size(0) > 1 and cache.stride(0) < page_size * spec.RECORD_BYTES:
+        if cache.size(0) > 1 and cache.stride(0) < page_size * token_bytes:
             raise ValueError(f"{name}: pages overlap: stride(0) = {cache.stride(0)} bytes is less than a page's "
-                             f"page_size * {spec.RECORD_BYTES} = {page_size * spec.RECORD_BYTES}")
+                             f"page_size * {token_bytes} = {page_size * token_bytes}")
     num_pages, page_stride = cache.size(0), cache.stride(0)
     checks.fits_int32(name, "num_pages * page_size", num_pages * page_size)
     if num_pages > 1:  # on every device: the kernel's 16-byte accesses need it, and CPU gives CUDA's answer
@@ -91,16 +92,16 @@ def _cache_layout(cache, page_size: int, name: str, three_d: bool) -> CacheLayou
 _layouts = fast_path.LayoutMemo()
 
 
-def _remembered(cache, page_size, name, three_d) -> CacheLayout:
+def _remembered(cache, page_size, name, three_d, token_bytes=spec.RECORD_BYTES) -> CacheLayout:
     if type(page_size) is not int:  # 16.0 == 16 would find the int's layout: refuse it by name
-        return _cache_layout(cache, page_size, name, three_d)
+        return _cache_layout(cache, page_size, name, three_d, token_bytes)
     try:
-        key = (cache.device, cache.dtype, cache.shape, cache.stride(), page_size, three_d)
+        key = (cache.device, cache.dtype, cache.shape, cache.stride(), page_size, three_d, token_bytes)
         layout = _layouts.get(key)
     except (AttributeError, TypeError, RuntimeError):  # no strides (sparse CSR, nested): named below
-        return _cache_layout(cache, page_size, name, three_d)  # raises, naming the argument
+        return _cache_layout(cache, page_size, name, three_d, token_bytes)  # raises, naming the argument
     if layout is None:
-        layout = _cache_layout(cache, page_size, name, three_d)
+        layout = _cache_layout(cache, page_size, name, three_d, token_bytes)
         _layouts.remember(key, layout)
     elif layout.device < 0:  # the CPU path reads values, not bytes: a negative view is refused on every call
         checks.tensor(name, cache)
@@ -124,7 +125,30 @@ def _aligned16(name: str, ptr: int) -> None:
 
 # -- SGLang's forms --------------------------------------------------------------------------------
 
-def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
+def layout_name(layout, fp8_out: bool) -> str:
+    """SGLang's ``KVLayout`` (a str enum) or its value, any case, as the spec's name: ``v4``, or a
+    V4.1 layout for the bf16 form. TypeError/ValueError naming ``layout`` otherwise."""
+    name = getattr(layout, "value", layout)
+    if not isinstance(name, str):
+        raise TypeError(f"layout: expected SGLang's KVLayout or its name, got {type(layout).__name__}")
+    name = name.lower()
+    if name not in spec.TOKEN_BYTES:
+        raise ValueError(f"layout: expected one of {', '.join(spec.TOKEN_BYTES)}, got {name!r}")
+    if fp8_out and name != "v4":
+        raise ValueError(f"layout: the fp8 form reads the v4 layout only, got {name!r}")
+    return name
+
+
+def _entry(fp8_out: bool, ids_dtype, layout: str) -> tuple:
+    """(module, entry) of a flat-form call."""
+    if layout == "v4":
+        return spec.FLAT_MODULE, spec.flat_entry(fp8_out, _C_TYPES[ids_dtype])
+    return spec.V41_MODULE, spec.v41_entry(layout, _C_TYPES[ids_dtype])
+
+
+def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool, layout="v4"):
+    if type(layout) is not str or layout != "v4":
+        layout = layout_name(layout, fp8_out)
     if _is_compiling():  # inside torch.compile: the registered op (out allocated in the graph)
         if out is None and isinstance(ids, torch.Tensor) and isinstance(cache, torch.Tensor):
             library.traced_int("extra_rows", extra_rows)  # it sizes out: checked first, as eager does
@@ -133,19 +157,19 @@ def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool)
             checks.rank("page_table_1_flattened", ids, 1, "[n] (flat token ids: page * page_size + slot)")
             out = torch.empty(_rows_of(ids.size(0), extra_rows), 1, spec.ROW_VALUES,
                               dtype=_FP8 if fp8_out else _BF16, device=cache.device)
-        library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out)
+        library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out, layout)
         return out
     if out is None:
-        got = _flat_remembered(cache, ids, page_size, extra_rows, fp8_out)
+        got = _flat_remembered(cache, ids, page_size, extra_rows, fp8_out, layout)
         if got is not None:
             return got
-    return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out)
+    return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out, layout)
 
 
 class FlatReady(NamedTuple):
     """An SGLang-form call with ``out=None`` that passed every check: what a call with the same
-    metadata (the cache's, the ids' device, dtype and rank, the page size, the output dtype)
-    needs besides its pointers, ids stride and row counts."""
+    metadata (the cache's, the ids' device, dtype and rank, the page size, the output dtype, the
+    layout) needs besides its pointers, ids stride and row counts."""
 
     go: object      # the entry's launcher (per-call grid)
     dtype: object   # the output's torch dtype
@@ -155,19 +179,19 @@ class FlatReady(NamedTuple):
 _flat_ready = fast_path.LayoutMemo()
 
 
-def _flat_key(cache, ids, page_size: int, fp8_out: bool) -> tuple:
+def _flat_key(cache, ids, page_size: int, fp8_out: bool, layout: str) -> tuple:
     # ids' layout: a sparse vector (no strides, no data pointer) never takes a dense call's entry
     return (cache.device, cache.dtype, cache.shape, cache.stride(), ids.device, ids.dtype, ids.dim(), ids.layout,
-            page_size, fp8_out)
+            page_size, fp8_out, layout)
 
 
-def _flat_remembered(cache, ids, page_size, extra_rows, fp8_out):
+def _flat_remembered(cache, ids, page_size, extra_rows, fp8_out, layout):
     """The call's fresh ``out``, gathered, where its metadata was checked in full before; else
     None (the full checks run, and accept exactly what this accepts)."""
     try:
         if type(page_size) is not int or type(extra_rows) is not int:
             return None  # 16.0 == 16 would find the int's entry: the checks refuse it by name
-        ready = _flat_ready.get(_flat_key(cache, ids, page_size, fp8_out))
+        ready = _flat_ready.get(_flat_key(cache, ids, page_size, fp8_out, layout))
     except (AttributeError, TypeError, RuntimeError):  # not tensors, or no strides (sparse CSR, nested)
         return None
     if ready is None or extra_rows < 0:
@@ -192,12 +216,13 @@ def _rows_of(n: int, extra_rows: int) -> int:
     return n + extra_rows
 
 
-def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool):
-    """SGLang's ``dequantize_k_cache_paged_dsv4`` (bf16, ``extra_rows`` 0) and
-    ``gather_dequant_requant_fp8_paged_dsv4`` (fp8): row r < n of ``out`` ``[n + extra_rows, 1,
-    512]`` from token id ``ids[r]``, rows n .. n + extra_rows - 1 zero; ``out`` allocated with
-    ``torch.empty`` when None (the kernel writes every row). Returns ``out``."""
-    layout = _remembered(cache, page_size, "quant_k_cache", False)
+def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool, layout: str):
+    """SGLang's ``dequantize_k_cache_paged_dsv4`` (bf16, ``extra_rows`` 0, any ``layout``) and
+    ``gather_dequant_requant_fp8_paged_dsv4`` (fp8, the V4 layout): row r < n of ``out`` ``[n +
+    extra_rows, 1, 512]`` from token id ``ids[r]``, rows n .. n + extra_rows - 1 zero; ``out``
+    allocated with ``torch.empty`` when None (the kernel writes every row). Returns ``out``."""
+    record = layout
+    layout = _remembered(cache, page_size, "quant_k_cache", False, spec.TOKEN_BYTES[record])
     checks.tensor("page_table_1_flattened", ids)
     if ids.dtype not in _C_TYPES or ids.dim() != 1:
         checks.dtype_in("page_table_1_flattened", ids, (_I32, _I64))
@@ -225,17 +250,17 @@ def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool
         _apart(FLAT_WRITES, FLAT_READS, {"out": out, "quant_k_cache": cache, "page_table_1_flattened": ids})
     if layout.device < 0:
         settings.debug_enabled()
-        flat_torch(cache, ids, layout.page_size, out, n, fp8_out)
+        flat_torch(cache, ids, layout.page_size, out, n, fp8_out, record)
         return out
     if rows:
         out_p, row_bytes = out.data_ptr(), out.stride(0) * out.element_size()
         _aligned16("quant_k_cache", cache.data_ptr())
         if (out_p | (row_bytes if rows > 1 else 0)) & 15:
             checks.aligned("out", "data pointer and row stride", out_p | row_bytes, 16)
-        go = _launch(layout, spec.FLAT_MODULE, spec.flat_entry(fp8_out, _C_TYPES[ids.dtype]), spec.tiles(rows),
+        go = _launch(layout, *_entry(fp8_out, ids.dtype, record), spec.tiles(rows),
                      (cache.data_ptr(), out_p, ids.data_ptr(), 0, 0, rows, n, row_bytes, 0, ids.stride(0), 0, 0, 0))
         if not given and type(page_size) is int and type(extra_rows) is int:
-            _flat_ready.remember(_flat_key(cache, ids, page_size, fp8_out), FlatReady(go, dtype, row_bytes))
+            _flat_ready.remember(_flat_key(cache, ids, page_size, fp8_out, record), FlatReady(go, dtype, row_bytes))
     return out
 
 
@@ -354,11 +379,13 @@ def _rows_apart(out) -> None:
 
 # -- torch.ops.nvrtc_gather (torch.compile, CUDA graphs) ------------------------------------------------
 
-def _flat_op(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out) -> None:
-    _gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out)
+def _flat_op(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out, layout="v4") -> None:
+    _gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out,
+                 layout_name(layout, fp8_out))
 
 
-def _flat_fake(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out) -> None:
+def _flat_fake(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8_out, layout="v4") -> None:
+    layout_name(layout, fp8_out)
     checks.tensor("quant_k_cache", quant_k_cache)
     checks.tensor("page_table_1_flattened", page_table_1_flattened)
     checks.tensor("out", out)
@@ -374,7 +401,7 @@ def _paged_fake(out, k_cache, seq_lens, gather_lens, block_table, block_size, of
 
 
 library.register("dsv4_gather_flat(Tensor quant_k_cache, Tensor page_table_1_flattened, int page_size, "
-                 "Tensor(a!) out, int extra_rows, bool fp8_out) -> ()", _flat_op, _flat_fake)
+                 "Tensor(a!) out, int extra_rows, bool fp8_out, str layout=\"v4\") -> ()", _flat_op, _flat_fake)
 library.register("dequantize_and_gather_k_cache(Tensor(a!) out, Tensor k_cache, Tensor seq_lens, "
                  "Tensor? gather_lens, Tensor block_table, int block_size, int offset) -> ()",
                  dequantize_and_gather_k_cache, _paged_fake)

@@ -1,6 +1,6 @@
-"""The DeepSeek-V4 record gathers in vectorized torch: the CPU path of ops/dsv4_gather.py, byte
-for byte what cuda_src/dsv4_gather.cu writes (NaNs as the GPU's conversions give them: bf16
-0x7fff, fp8 0x7f). Every index value is checked (ValueError naming the argument) before
+"""The DeepSeek-V4 record gathers (and SGLang's V4.1 layouts) in vectorized torch: the CPU path
+of ops/dsv4_gather.py, byte for byte what cuda_src/dsv4_gather.cu writes (NaNs as the GPU's
+conversions give them: bf16 0x7fff, fp8 0x7f). Every index value is checked (ValueError naming the argument) before
 anything is written."""
 from __future__ import annotations
 
@@ -35,7 +35,38 @@ def _rows(cache: torch.Tensor, page_size: int, pages: torch.Tensor, slots: torch
     return out
 
 
-def flat_torch(cache, ids, page_size: int, out, n: int, fp8_out: bool) -> None:
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _rows_v41(cache: torch.Tensor, page_size: int, pages: torch.Tensor, slots: torch.Tensor, layout: str):
+    """The 512 bf16 output values of each (page, slot) of a V4.1 layout, as the kernel converts them."""
+    fp4, interleaved = spec.V41_LAYOUTS[layout]
+    data_bytes, scale_bytes = (256, 32) if fp4 else (512, 16)
+    stride = cache.stride(0)
+    extent = (cache.size(0) - 1) * stride + page_size * (data_bytes + scale_bytes)
+    flat = cache.view(_U8).as_strided((extent,), (1,), cache.storage_offset())
+    base = pages * stride
+    if interleaved:
+        data_at = base + slots * (data_bytes + scale_bytes)
+        scales_at = data_at + data_bytes
+    else:
+        data_at, scales_at = base + slots * data_bytes, base + page_size * data_bytes + slots * scale_bytes
+    data = flat[data_at[:, None] + torch.arange(data_bytes)]
+    scale_bytes_ = flat[scales_at[:, None] + torch.arange(scale_bytes)]
+    if fp4:  # value 2j in byte j's low nibble; e2m1 times its e4m3 scale (exact in fp32)
+        codes = torch.stack([data & 15, data >> 4], 2).view(-1, 512).to(torch.int64)
+        values = _E2M1[codes] * scale_bytes_.view(_FP8).to(torch.float32).repeat_interleave(16, 1)
+    else:  # e4m3 times 2^(s - 127): s = 0 the fp32 subnormal 2^-127, s = 255 NaN
+        s = scale_bytes_.to(torch.int32)
+        scale = torch.where(s == 0, 0x00400000, s << 23).view(torch.float32)
+        scale = torch.where(s == 255, float("nan"), scale)
+        values = data.view(_FP8).to(torch.float32) * scale.repeat_interleave(32, 1)
+    out = values.to(_BF16)
+    out.view(torch.int16)[torch.isnan(values)] = 0x7fff
+    return out
+
+
+def flat_torch(cache, ids, page_size: int, out, n: int, fp8_out: bool, layout: str = "v4") -> None:
     """SGLang's forms: rows < n from ids, the rest zero."""
     num_slots = cache.size(0) * page_size
     ids64 = ids.to(torch.int64)
@@ -45,7 +76,9 @@ def flat_torch(cache, ids, page_size: int, out, n: int, fp8_out: bool) -> None:
         raise ValueError(f"page_table_1_flattened: entry {i} = {int(ids64[i])} is outside [0, num_pages * page_size "
                          f"= {num_slots})")
     if n:  # (a pool of no pages has no record to read: every id above was refused)
-        out[:n, 0] = _rows(cache, page_size, ids64 // page_size, ids64 % page_size, fp8_out)
+        pages, slots = ids64 // page_size, ids64 % page_size
+        out[:n, 0] = _rows(cache, page_size, pages, slots, fp8_out) if layout == "v4" else \
+            _rows_v41(cache, page_size, pages, slots, layout)
     out[n:] = 0
 
 

@@ -63,6 +63,24 @@ def test_flat_forms_match_the_reference(emu, ps, fp8_out, ids_dtype):
         assert (out.view(torch.int16)[nan] == 0x7fff).all()
 
 
+@pytest.mark.parametrize("layout", sorted(spec.V41_LAYOUTS))
+@pytest.mark.parametrize("ps", [64, 3, 1])
+def test_v41_layouts_match_the_reference(emu, layout, ps):
+    """SGLang's V4.1 layouts (bf16 out), scale bytes 0..255 (MXFP8: 0 the subnormal 2^-127, 255
+    NaN; FP4: every e4m3 scale), int32 and int64 ids, a page stride past the engines' padding."""
+    lay = ref.layout_of(layout)
+    cache = ref.build_cache(layout, 7, ps, seed=ps, scale_range=(0, 255), page_bytes=lay.page_bytes(ps) + 48)
+    n = 45
+    for ids_dtype, it in ((torch.int32, "i32"), (torch.int64, "i64")):
+        ids = ref.random_token_ids(7, ps, n, seed=ps, dtype=ids_dtype)
+        want = ref.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=layout)
+        out = torch.full((n, 1, 1024), POISON, dtype=torch.uint8).view(torch.bfloat16)
+        emu_launch(emu, spec.PARAMS, spec.v41_entry(layout, it), spec.tiles(n), flat_fields(cache, ps, out, ids, n))
+        nan = torch.isnan(want.float())
+        assert torch.equal(out.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), (layout, it)
+        assert (out.view(torch.int16)[nan] == 0x7fff).all()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_paged_form_matches_the_reference(emu, seed):
     rng = random.Random(seed)
@@ -85,8 +103,8 @@ def test_paged_form_matches_the_reference(emu, seed):
 
 # --- index fuzz --------------------------------------------------------------------------------------
 
-def _arena_cache(a, nb, ps, seed):
-    src = ref.build_cache("v4", nb, ps, seed=seed)
+def _arena_cache(a, nb, ps, seed, layout="v4"):
+    src = ref.build_cache(layout, nb, ps, seed=seed, scale_range=(0, 255) if layout != "v4" else (110, 135))
     buf = a.alloc(src.numel()).view(nb, src.size(1))
     buf.copy_(src)
     return buf
@@ -96,18 +114,19 @@ def _arena_cache(a, nb, ps, seed):
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
 def test_flat_index_fuzz(emu, debug):
     cases, launches = [], []
-    for seed in range(16):
+    for seed in range(32):
         rng = random.Random(f"dsv4-flat-{seed}")
         ps, nb = rng.choice([1, 2, 64]), rng.randint(1, 3)
         dt = rng.choice([torch.int32, torch.int64])
         lim = 2**31 - 1 if dt == torch.int32 else 2**63 - 1
         pool = [-lim - 1, -1, nb * ps, nb * ps + 1, lim, 2**31, 2**32 + 3] if dt == torch.int64 else \
             [-lim - 1, -1, nb * ps, nb * ps + 1, lim]
-        fp8 = rng.random() < 0.5
+        fp8 = rng.random() < 0.4
+        layout = "v4" if fp8 else rng.choice(["v4", "v4", *spec.V41_LAYOUTS])
         n, extra = rng.randint(1, 40), rng.choice([0, 1, 3]) if fp8 else 0  # extra_rows: the fp8 form's
         ids = [rng.choice(pool) if rng.random() < 0.3 else rng.randrange(nb * ps) for _ in range(n)]
         a = Arena()
-        cache = _arena_cache(a, nb, ps, seed)
+        cache = _arena_cache(a, nb, ps, seed, layout)
         it = a.alloc(n * dt.itemsize).view(dt)
         it.copy_(torch.tensor(ids, dtype=dt))
         od = torch.float8_e4m3fn if fp8 else torch.bfloat16
@@ -115,17 +134,19 @@ def test_flat_index_fuzz(emu, debug):
         err = a.alloc(32).view(torch.int64)
         err.zero_()
         before = a.bytes.clone()
-        launches.append(Launch(spec.flat_entry(fp8, "i32" if dt == torch.int32 else "i64"), spec.tiles(n + extra),
+        it_name = "i32" if dt == torch.int32 else "i64"
+        entry = spec.flat_entry(fp8, it_name) if layout == "v4" else spec.v41_entry(layout, it_name)
+        launches.append(Launch(entry, spec.tiles(n + extra),
                                pack(spec.PARAMS, flat_fields(cache, ps, out, it, n), err.data_ptr() if debug else 0),
                                [span(cache), span(it)]))
         good = torch.tensor([i if 0 <= i < nb * ps else 0 for i in ids])
         src = cache.clone()
         want = (ref.gather_dequant_requant_fp8_paged_dsv4(src, good, ps, extra_rows=extra) if fp8 else
-                ref.dequantize_k_cache_paged_dsv4(src, good, ps)).clone()
+                ref.dequantize_k_cache_paged_dsv4(src, good, ps, layout=layout)).clone()
         for r, i in enumerate(ids):
             if not 0 <= i < nb * ps:
                 want[r] = 0
-        cases.append((a, before, cache, it, out, err, want, ids, nb * ps, f"seed {seed} ps {ps} {dt} ids {ids}"))
+        cases.append((a, before, cache, it, out, err, want, ids, nb * ps, f"seed {seed} {layout} ps {ps} {dt} ids {ids}"))
     for (a, before, cache, it, out, err, want, ids, slots, desc), outcome in zip(cases, run_isolated(emu, launches)):
         problem = launch_problem(*outcome)
         assert problem is None, f"{problem}: {desc}"

@@ -1,7 +1,8 @@
-"""DeepSeek-V4's record gathers on the GPU: every layout and form byte for byte against the
-independent reference (tests/helpers/dsv4_reference.py) and the CPU path, outputs poisoned
-first; against SGLang 0.5.23's own Triton kernels where their source is at hand (the carried
-wheel, or NVRTC_GATHER_SGLANG_SRC); bad indices; and one launch, no sync, per call."""
+"""DeepSeek-V4's record gathers on the GPU: every layout (V4, and SGLang's V4.1 layouts) and form
+byte for byte against the independent reference (tests/helpers/dsv4_reference.py) and the CPU
+path, outputs poisoned first; against SGLang 0.5.23's own Triton kernels where their source is
+at hand (the carried wheel, or NVRTC_GATHER_SGLANG_SRC); bad indices; and one launch, no sync,
+per call."""
 import random
 
 import pytest
@@ -41,6 +42,29 @@ def test_flat_forms_match_the_reference(ps, ids_dtype, scales):
     # the CPU path gives the kernel's bytes (NaNs included)
     cpu = sg.dequantize_k_cache_paged_dsv4(cache, ids, ps)
     assert torch.equal(cpu.view(torch.int16), got.cpu().view(torch.int16))
+
+
+@pytest.mark.parametrize("layout", ["v41", "v41_new", "v41_fp4", "v41_fp4_new"])
+@pytest.mark.parametrize("ps", [64, 2])
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_v41_flat_forms_match_the_reference(layout, ps, ids_dtype):
+    """SGLang's V4.1 layouts (bf16 out), scale bytes 0..255, a fresh and a given strided ``out``
+    (poisoned), the remembered second call, and the CPU path's bytes."""
+    cache = ref.build_cache(layout, 37, ps, seed=ps, scale_range=(0, 255))
+    ids = ref.random_token_ids(37, ps, 301, seed=ps, dtype=ids_dtype)
+    want = ref.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=layout)
+    nan = torch.isnan(want.float())
+    cache_c, ids_c = cache.cuda(), ids.cuda()
+    wide = _poison(torch.empty(301, 2, 512, dtype=torch.bfloat16, device="cuda"))
+    for got in (sg.dequantize_k_cache_paged_dsv4(cache_c, ids_c, ps, layout=layout),
+                sg.dequantize_k_cache_paged_dsv4(cache_c, ids_c, ps, layout=layout),  # remembered
+                sg.dequantize_k_cache_paged_dsv4(cache_c, ids_c, ps, wide[:, 1:], layout)):
+        got = got.cpu()
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+        assert (got.view(torch.int16)[nan] == 0x7fff).all()
+    assert (wide[:, 0].view(torch.int16) == -23131).all()  # 0xA5A5: the rows beside stay poisoned
+    cpu = sg.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=layout)
+    assert torch.equal(cpu.view(torch.int16), got.view(torch.int16))
 
 
 def test_remembered_flat_calls_gather_and_refuse_as_the_first_call_does():
@@ -110,11 +134,13 @@ def test_each_call_is_one_launch_without_a_sync():
     sl = torch.tensor([100, 700], dtype=torch.int32, device="cuda")
     bt = ref.random_requests(40, 64, [100, 700], seed=1).cuda()
     out = torch.empty(2, 700, 512, dtype=torch.bfloat16, device="cuda")
+    cache41 = ref.build_cache("v41_fp4_new", 40, 64, seed=1).cuda()
     calls = [lambda: sg.dequantize_k_cache_paged_dsv4(cache, ids, 64),
              lambda: sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 64, extra_rows=1),
-             lambda: ng.dequantize_and_gather_k_cache(out, k_cache, sl, None, bt, 64, 0)]
+             lambda: ng.dequantize_and_gather_k_cache(out, k_cache, sl, None, bt, 64, 0),
+             lambda: sg.dequantize_k_cache_paged_dsv4(cache41, ids, 64, layout="v41_fp4_new")]
     kernels = kernels_launched(calls)
-    assert len(kernels) == 3, kernels
+    assert len(kernels) == 4, kernels
 
 
 def test_sglangs_own_triton_kernels_give_the_same_bytes():
@@ -133,6 +159,15 @@ def test_sglangs_own_triton_kernels_give_the_same_bytes():
         theirs8 = mod.gather_dequant_requant_fp8_paged_dsv4(cache, ids, ps, extra_rows=1)
         ours8 = sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, ps, extra_rows=1)
         assert torch.equal(theirs8.view(torch.uint8), ours8.view(torch.uint8))
+    # the V4.1 layouts: SGLang's own kernels refuse a GPU below SM100, so its module runs here with
+    # the arch stubbed to 10.0 (its Triton kernels compile for this GPU as for any)
+    for layout in ("V41", "V41_NEW", "V41_FP4", "V41_FP4_NEW"):
+        for ps in (64, 2):
+            cache = ref.build_cache(layout.lower(), 37, ps, seed=ps, scale_range=(0, 255)).cuda()
+            ids = ref.random_token_ids(37, ps, 999, seed=ps, dtype=torch.int32).cuda()
+            theirs = mod.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=mod.KVLayout[layout])
+            ours = sg.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=mod.KVLayout[layout])
+            assert torch.equal(theirs.view(torch.int16), ours.view(torch.int16)), (layout, ps)
 
 
 def test_cuda_graph_replay_gathers_the_new_contents():
@@ -189,3 +224,23 @@ def test_the_hook_on_real_sglang_replaces_its_functions_with_the_same_bytes():
     want8 = theirs["gather_dequant_requant_fp8_paged_dsv4"](cache, ids, 64, 1)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert torch.equal(got8.view(torch.uint8), want8.view(torch.uint8))
+
+
+def test_the_hook_serves_the_v41_layouts_on_this_gpu():
+    """A V4.1 call through the hook is ours (SGLang's own raises below SM100): the reference's
+    bytes, nothing left to SGLang."""
+    from nvrtc_gather.integrations import sglang_dsv4
+
+    def theirs(*args, **kwargs):
+        raise AssertionError("left to SGLang")
+
+    left = []
+    hooked = sglang_dsv4._wrap("dequantize_k_cache_paged_dsv4", theirs, lambda *why: left.append(why))
+    for layout in ("v41", "V41_NEW", "v41_fp4", "V41_FP4_NEW"):
+        cache = ref.build_cache(layout.lower(), 30, 64, seed=3, scale_range=(0, 255))
+        ids = ref.random_token_ids(30, 64, 500, seed=3, dtype=torch.int64)
+        want = ref.dequantize_k_cache_paged_dsv4(cache, ids, 64, layout=layout.lower())
+        got = hooked(cache.cuda(), ids.cuda(), 64, layout=layout).cpu()
+        nan = torch.isnan(want.float())
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), layout
+    assert not left

@@ -23,7 +23,7 @@ KERNELS = {
     "cache_gather": {**cache_gather.MODULES, **{("tiny", c): m for c, m in cache_gather.TINY_MODULES.items()}},
     "scatter": scatter_kernels.MODULES,
     "index_k_read": index_k_read.MODULES,
-    "dsv4": {"flat": dsv4_gather.FLAT_MODULE, "paged": dsv4_gather.PAGED_MODULE},
+    "dsv4": {"flat": dsv4_gather.FLAT_MODULE, "paged": dsv4_gather.PAGED_MODULE, "v41": dsv4_gather.V41_MODULE},
 }
 
 

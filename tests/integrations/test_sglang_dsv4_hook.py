@@ -1,8 +1,8 @@
 """The SGLang hook of DeepSeek-V4's record gathers (integrations/sglang_dsv4.py) on stand-ins of
 SGLang 0.5.23's modules (and of 0.5.16-0.5.22's unsuffixed names): register() replaces both functions in the defining module and in a backend
 that bound them by ``from ... import``; calls we serve give the reference bytes on CPU... are left to
-SGLang (CPU tensors are SGLang's: its Triton kernels), the V4.1 layouts and other dtypes go to
-SGLang's own function, unregister() restores it, and a release without V4 hooks nothing and says
+SGLang (CPU tensors are SGLang's: its Triton kernels), layouts other than V4 and V4.1's and other
+dtypes go to SGLang's own function, unregister() restores it, and a release without V4 hooks nothing and says
 nothing."""
 import importlib.machinery
 import sys
@@ -77,12 +77,22 @@ def test_calls_we_do_not_serve_go_to_sglang_and_say_why(v4):
     mod = sys.modules[BACKEND]
     cache = ref.build_cache("v4", 3, 16, seed=1)
     ids = torch.tensor([0, 5])
-    assert mod.dequantize_k_cache_paged_dsv4(cache, ids, 16, layout="V41") == "sglang's"  # V4.1: SM100, SGLang's
+    assert mod.dequantize_k_cache_paged_dsv4(cache, ids, 16, layout="UNIFORM_FP8") == "sglang's"  # TRT-LLM's
     assert mod.dequantize_k_cache_paged_dsv4(cache, ids, 16) == "sglang's"  # CPU tensors: SGLang's path
     assert mod.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 16, 1) == "sglang's"
-    assert calls == [("bf16", "V41"), ("bf16", "V4"), ("fp8", 1)]
+    assert calls == [("bf16", "UNIFORM_FP8"), ("bf16", "V4"), ("fp8", 1)]
     left = hook.status()["left_to_sglang"]
     assert "layout" in left["dequantize_k_cache_paged_dsv4"] and "cache" in left["dequantize_k_cache_paged_dsv4"]
+
+
+@pytest.mark.parametrize("layout", ["V4", "v41", "V41_NEW", "v41_fp4", "V41_FP4_NEW"])
+def test_the_v41_layouts_are_ours_where_the_cache_is(layout):
+    """A V4.1 layout is not a reason to leave a call to SGLang (its own kernel refuses GPUs below
+    SM100): only the cache's device is, here (CPU tensors)."""
+    cache = ref.build_cache(layout.lower(), 3, 16, seed=1)
+    why = sglang_dsv4._unserved(cache, torch.tensor([0, 5]), None, False, layout)
+    assert why is not None and why[0] == "cache"
+    assert sglang_dsv4._unserved(cache, torch.tensor([0, 5]), None, False, "uniform_fp8")[0] == "layout"
 
 
 def test_the_ops_variable_names_each_function(v4):

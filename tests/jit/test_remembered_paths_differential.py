@@ -71,8 +71,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(index_k_read, "plan_read", lambda *a: real_read(*a)._replace(device=0))
     monkeypatch.setattr(indexer_k_scatter, "plan_scatter", lambda *a: real_scatter(*a)._replace(device=0))
 
-    def cache_on_device_0(cache, page_size, name, three_d):
-        layout = real_cache(cache, page_size, name, three_d)
+    def cache_on_device_0(cache, page_size, name, three_d, token_bytes):
+        layout = real_cache(cache, page_size, name, three_d, token_bytes)
         image = dsv4_gather.spec.PARAMS.image(page_stride=layout.page_stride, num_slots=layout.num_pages * page_size,
                                               page_size=page_size, num_pages=layout.num_pages)
         return layout._replace(device=0, image=image)
@@ -212,14 +212,14 @@ READ_CHANGES = [
 def _flat_base():
     gen = torch.Generator().manual_seed(1)
     return dict(cache=torch.randint(0, 120, (6, V4_PAGE), dtype=U8, generator=gen),
-                ids=torch.tensor([5, 0, 23, 7, 11], dtype=I32), ps=4, extra=0, out=None, fp8=False)
+                ids=torch.tensor([5, 0, 23, 7, 11], dtype=I32), ps=4, extra=0, out=None, fp8=False, layout="v4")
 
 
 def _flat_call(a):
     def call():
         if a["fp8"]:
             return sg.gather_dequant_requant_fp8_paged_dsv4(a["cache"], a["ids"], a["ps"], a["extra"], out=a["out"])
-        return sg.dequantize_k_cache_paged_dsv4(a["cache"], a["ids"], a["ps"], out=a["out"])
+        return sg.dequantize_k_cache_paged_dsv4(a["cache"], a["ids"], a["ps"], out=a["out"], layout=a["layout"])
     return call
 
 
@@ -245,6 +245,8 @@ FLAT_CHANGES = [
     ("page_size 2", lambda a: a.update(ps=2)),
     ("page_size 5", lambda a: a.update(ps=5)),
     ("fp8 form", lambda a: a.update(fp8=True)),
+    *[(f"layout {v!r}", lambda a, v=v: a.update(layout=v)) for v in ("v41", "V41_NEW", "v41_fp4", "v41_fp4_new",
+                                                                         "V4", "uniform_fp8", 41, None)],
     ("out given", lambda a: a.update(out=torch.empty(5, 1, 512, dtype=torch.float8_e4m3fn if a["fp8"] else
                                                       torch.bfloat16))),
 ]

@@ -112,3 +112,45 @@ def test_an_out_overlapping_the_cache_is_refused():
     out = cache.view(-1)[:4 * 1024].view(torch.bfloat16).view(4, 1, 512)
     with pytest.raises(ValueError, match="out: its memory overlaps quant_k_cache"):
         sg.dequantize_k_cache_paged_dsv4(cache, torch.tensor([0, 1, 2, 3]), 16, out=out)
+
+
+@pytest.mark.parametrize("layout", ["v41", "v41_new", "v41_fp4", "v41_fp4_new"])
+@pytest.mark.parametrize("ps", [64, 4, 1])
+def test_v41_layouts_match_the_reference(layout, ps):
+    """SGLang's V4.1 layouts through the bf16 form (``layout=``, any case), scale bytes 0..255,
+    into a given strided ``out`` and a fresh one; the page stride past the engines' padding."""
+    lay = ref.layout_of(layout)
+    cache = ref.build_cache(layout, 9, ps, seed=ps, scale_range=(0, 255), page_bytes=lay.page_bytes(ps) + 32)
+    ids = ref.random_token_ids(9, ps, 150, seed=ps, dtype=torch.int32)
+    want = ref.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=layout)
+    nan = torch.isnan(want.float())
+    wide = torch.full((150, 2, 512), -3.0, dtype=torch.bfloat16)
+    for got in (sg.dequantize_k_cache_paged_dsv4(cache, ids, ps, layout=layout.upper()),
+                sg.dequantize_k_cache_paged_dsv4(cache, ids, ps, wide[:, 1:], layout)):
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+        assert (got.view(torch.int16)[nan] == 0x7fff).all()  # the GPU's canonical NaN
+    assert (wide[:, 0] == -3.0).all()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 4, layout="v5"), ValueError, "layout: expected one of v4, v41"),
+    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 4, layout=41), TypeError, "layout: expected SGLang's KVLayout"),
+    # a V4.1 page (4 * 288 bytes) is too short for V4.1's MXFP8 records (4 * 528)
+    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 4, layout="v41"), ValueError,
+     "quant_k_cache: expected the pool's 2-D buffer \\[num_pages, page bytes >= page_size \\* 528 = 2112\\]"),
+    (lambda c, i: torch.ops.nvrtc_gather.dsv4_gather_flat(c, i, 4, torch.empty(4, 1, 512, dtype=torch.float8_e4m3fn),
+                                                          0, True, "v41_fp4"),
+     ValueError, "layout: the fp8 form reads the v4 layout only"),
+])
+def test_v41_argument_errors_name_the_argument(call, error, match):
+    cache = ref.build_cache("v41_fp4", 3, 4, seed=2)
+    with pytest.raises(error, match=match):
+        call(cache, torch.tensor([1, 2, 3, 4]))
+
+
+def test_v41_bad_ids_are_refused_before_anything_is_written():
+    cache = ref.build_cache("v41_new", 3, 4, seed=1)
+    out = torch.zeros(3, 1, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="page_table_1_flattened: entry 2 = 12 is outside"):
+        sg.dequantize_k_cache_paged_dsv4(cache, torch.tensor([0, 11, 12]), 4, out=out, layout="v41_new")
+    assert not out.view(torch.int16).any()
