@@ -154,3 +154,15 @@ def test_v41_bad_ids_are_refused_before_anything_is_written():
     with pytest.raises(ValueError, match="page_table_1_flattened: entry 2 = 12 is outside"):
         sg.dequantize_k_cache_paged_dsv4(cache, torch.tensor([0, 11, 12]), 4, out=out, layout="v41_new")
     assert not out.view(torch.int16).any()
+
+
+def test_a_v41_layout_traces_and_runs_under_compile():
+    torch._dynamo.reset()
+    cache = ref.build_cache("v41_fp4_new", 5, 16, seed=4, scale_range=(0, 255))
+    ids = ref.random_token_ids(5, 16, 30, seed=4)
+    f = torch.compile(lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 16, layout="V41_FP4_NEW"), fullgraph=True,
+                      backend="aot_eager")
+    want = ref.dequantize_k_cache_paged_dsv4(cache, ids, 16, layout="v41_fp4_new")
+    assert torch.equal(f(cache, ids).view(torch.int16), want.view(torch.int16))
+    torch.library.opcheck(torch.ops.nvrtc_gather.dsv4_gather_flat.default,
+                          (cache, ids, 16, torch.empty(30, 1, 512, dtype=torch.bfloat16), 0, False, "v41_fp4_new"))
