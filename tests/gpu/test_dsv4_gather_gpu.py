@@ -178,17 +178,23 @@ def test_cuda_graph_replay_gathers_the_new_contents():
     bt = ref.random_requests(20, 64, [300, 120], seed=7).cuda()
     out8 = torch.empty(501, 1, 512, dtype=torch.float8_e4m3fn, device="cuda")
     vout = torch.zeros(2, 300, 512, dtype=torch.bfloat16, device="cuda")
+    cache41 = ref.build_cache("v41_new", 20, 64, seed=7).cuda()
+    out41 = torch.empty(500, 1, 512, dtype=torch.bfloat16, device="cuda")
     ng.preload(0)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):  # warm the layouts outside capture
         sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 64, 1, out=out8)
         ng.dequantize_and_gather_k_cache(vout, k_cache, sl, None, bt, 64, 0)
+        sg.dequantize_k_cache_paged_dsv4(cache41, ids, 64, out41, "v41_new")
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         sg.gather_dequant_requant_fp8_paged_dsv4(cache, ids, 64, 1, out=out8)
         ng.dequantize_and_gather_k_cache(vout, k_cache, sl, None, bt, 64, 0)
-    fresh = ref.build_cache("v4", 20, 64, seed=8)
+        sg.dequantize_k_cache_paged_dsv4(cache41, ids, 64, out41, "v41_new")
+    fresh, fresh41 = ref.build_cache("v4", 20, 64, seed=8), ref.build_cache("v41_new", 20, 64, seed=8)
+    cache41.copy_(fresh41.cuda())
+    out41.view(torch.uint8).fill_(0xA5)
     cache.copy_(fresh.cuda())
     k_cache.copy_(ref.vllm_view(fresh, 64).cuda())
     out8.view(torch.uint8).fill_(0xA5)
@@ -199,6 +205,8 @@ def test_cuda_graph_replay_gathers_the_new_contents():
     want = torch.zeros(2, 300, 512, dtype=torch.bfloat16)
     ref.dequantize_and_gather_k_cache(want, ref.vllm_view(fresh, 64), sl.cpu(), None, bt.cpu(), 64, 0)
     assert torch.equal(vout.cpu().view(torch.int16), want.view(torch.int16))
+    want41 = ref.dequantize_k_cache_paged_dsv4(fresh41, ids.cpu(), 64, layout="v41_new")  # scales 110..135: no NaN
+    assert torch.equal(out41.cpu().view(torch.int16), want41.view(torch.int16))
 
 
 def test_the_hook_on_real_sglang_replaces_its_functions_with_the_same_bytes():
