@@ -122,9 +122,14 @@ def test_bad_indices_give_zero_rows_and_debug_mode_raises(monkeypatch):
     ids = torch.tensor([3, -1, 64, 5, 2**40], device="cuda")
     out = sg.dequantize_k_cache_paged_dsv4(cache, ids, 16)
     assert not out[[1, 2, 4]].view(torch.int16).any() and out[[0, 3]].view(torch.int16).any()
+    cache41 = ref.build_cache("v41_fp4", 4, 16, seed=3).cuda()
+    out41 = sg.dequantize_k_cache_paged_dsv4(cache41, ids, 16, layout="v41_fp4")
+    assert not out41[[1, 2, 4]].view(torch.int16).any() and out41[[0, 3]].view(torch.int16).any()
     monkeypatch.setenv("NVRTC_GATHER_DEBUG", "1")
     with pytest.raises(ValueError, match=r"page_table_1_flattened: row [124] has token id (-1|64|1099511627776), outside"):
         sg.dequantize_k_cache_paged_dsv4(cache, ids, 16)
+    with pytest.raises(ValueError, match=r"page_table_1_flattened: row [124] has token id (-1|64|1099511627776), outside"):
+        sg.dequantize_k_cache_paged_dsv4(cache41, ids, 16, layout="v41_fp4")
 
 
 def test_each_call_is_one_launch_without_a_sync():
