@@ -77,6 +77,14 @@ def test_bad_values_are_refused_before_anything_is_written():
     (lambda c, i: ng.dequantize_and_gather_k_cache(torch.zeros(1, 4, 512, dtype=torch.bfloat16), ref.vllm_view(c, 16),
                                                    torch.tensor([2], dtype=torch.int32), None, torch.tensor([[0]], dtype=torch.int32), 16, -1),
      ValueError, "offset: expected a non-negative int"),
+    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 16, layout="v5"), ValueError, "layout: expected one of v4, v41"),
+    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 16, layout=41), TypeError, "layout: expected SGLang's KVLayout"),
+    # the V4 pages (9,792 bytes) hold 16 V4.1 MXFP8 records of 528 bytes, not 19
+    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 19, layout="v41"), ValueError,
+     "quant_k_cache: expected the pool's 2-D buffer \\[num_pages, page bytes >= page_size \\* 528 = 10032\\]"),
+    (lambda c, i: torch.ops.nvrtc_gather.dsv4_gather_flat(c, i, 16, torch.empty(4, 1, 512, dtype=torch.float8_e4m3fn),
+                                                          0, True, "v41_fp4"),
+     ValueError, "layout: the fp8 form reads the v4 layout only"),
 ])
 def test_argument_errors_name_the_argument(call, error, match):
     cache = ref.build_cache("v4", 3, 16, seed=2)
@@ -130,22 +138,6 @@ def test_v41_layouts_match_the_reference(layout, ps):
         assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
         assert (got.view(torch.int16)[nan] == 0x7fff).all()  # the GPU's canonical NaN
     assert (wide[:, 0] == -3.0).all()
-
-
-@pytest.mark.parametrize("call, error, match", [
-    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 4, layout="v5"), ValueError, "layout: expected one of v4, v41"),
-    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 4, layout=41), TypeError, "layout: expected SGLang's KVLayout"),
-    # a V4.1 page (4 * 288 bytes) is too short for V4.1's MXFP8 records (4 * 528)
-    (lambda c, i: sg.dequantize_k_cache_paged_dsv4(c, i, 4, layout="v41"), ValueError,
-     "quant_k_cache: expected the pool's 2-D buffer \\[num_pages, page bytes >= page_size \\* 528 = 2112\\]"),
-    (lambda c, i: torch.ops.nvrtc_gather.dsv4_gather_flat(c, i, 4, torch.empty(4, 1, 512, dtype=torch.float8_e4m3fn),
-                                                          0, True, "v41_fp4"),
-     ValueError, "layout: the fp8 form reads the v4 layout only"),
-])
-def test_v41_argument_errors_name_the_argument(call, error, match):
-    cache = ref.build_cache("v41_fp4", 3, 4, seed=2)
-    with pytest.raises(error, match=match):
-        call(cache, torch.tensor([1, 2, 3, 4]))
 
 
 def test_v41_bad_ids_are_refused_before_anything_is_written():
