@@ -25,7 +25,6 @@ import sys
 
 import torch
 
-from ..kernels import dsv4_gather as spec
 from ..ops import dsv4_gather
 
 MODULES = ("sglang.kernels.ops.attention.dsv4.dequant_k_cache",  # 0.5.16 on
@@ -94,7 +93,9 @@ def uninstall() -> None:
 
 
 def _unserved(cache, ids, out, fp8: bool, layout) -> tuple[str, str] | None:
-    if layout is not None and str(getattr(layout, "value", layout)).lower() not in spec.TOKEN_BYTES:
+    try:
+        dsv4_gather.layout_name(layout, fp8)
+    except (TypeError, ValueError):
         return "layout", f"the {getattr(layout, 'name', layout)} layout"
     if torch.version.hip is not None:
         return "ROCm", f"torch {torch.__version__} is a ROCm build"
@@ -126,18 +127,17 @@ def _wrap(name: str, original, leave):
         if why is not None:
             leave(name, *why)
             return original(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs)
-        return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8,
-                                       "v4" if layout is None else layout)
+        return dsv4_gather.gather_flat(quant_k_cache, page_table_1_flattened, page_size, out, extra_rows, fp8, layout)
 
     setattr(gather, _TAG, original)
     return gather
 
 
-def _bf16_args(out=None, layout=None):
+def _bf16_args(out=None, layout="v4"):
     """dequantize_k_cache_paged_dsv4's arguments after the first three (``layout`` from 0.5.21)."""
     return out, layout
 
 
 def _fp8_args(extra_rows=0, out=None):
     """gather_dequant_requant_fp8_paged_dsv4's arguments after the first three (0.5.19-0.5.23)."""
-    return extra_rows, out, None
+    return extra_rows, out, "v4"

@@ -147,8 +147,6 @@ def _entry(fp8_out: bool, ids_dtype, layout: str) -> tuple:
 
 
 def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool, layout="v4"):
-    if type(layout) is not str or layout != "v4":
-        layout = layout_name(layout, fp8_out)
     if _is_compiling():  # inside torch.compile: the registered op (out allocated in the graph)
         if out is None and isinstance(ids, torch.Tensor) and isinstance(cache, torch.Tensor):
             library.traced_int("extra_rows", extra_rows)  # it sizes out: checked first, as eager does
@@ -157,13 +155,14 @@ def gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool,
             checks.rank("page_table_1_flattened", ids, 1, "[n] (flat token ids: page * page_size + slot)")
             out = torch.empty(_rows_of(ids.size(0), extra_rows), 1, spec.ROW_VALUES,
                               dtype=_FP8 if fp8_out else _BF16, device=cache.device)
-        library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out, layout)
+        library.traced("dsv4_gather_flat", cache, ids, page_size, out, extra_rows, fp8_out,
+                       layout_name(layout, fp8_out))
         return out
     if out is None:
         got = _flat_remembered(cache, ids, page_size, extra_rows, fp8_out, layout)
         if got is not None:
             return got
-    return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out, layout)
+    return _gather_flat(cache, ids, page_size, out, extra_rows, fp8_out, layout_name(layout, fp8_out))
 
 
 class FlatReady(NamedTuple):
@@ -179,8 +178,9 @@ class FlatReady(NamedTuple):
 _flat_ready = fast_path.LayoutMemo()
 
 
-def _flat_key(cache, ids, page_size: int, fp8_out: bool, layout: str) -> tuple:
-    # ids' layout: a sparse vector (no strides, no data pointer) never takes a dense call's entry
+def _flat_key(cache, ids, page_size: int, fp8_out: bool, layout) -> tuple:
+    # ids' layout: a sparse vector (no strides, no data pointer) never takes a dense call's entry;
+    # ``layout`` as given (a KVLayout equals and hashes as its name): only a checked call is remembered
     return (cache.device, cache.dtype, cache.shape, cache.stride(), ids.device, ids.dtype, ids.dim(), ids.layout,
             page_size, fp8_out, layout)
 
@@ -216,12 +216,11 @@ def _rows_of(n: int, extra_rows: int) -> int:
     return n + extra_rows
 
 
-def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool, layout: str):
+def _gather_flat(cache, ids, page_size: int, out, extra_rows: int, fp8_out: bool, record: str):
     """SGLang's ``dequantize_k_cache_paged_dsv4`` (bf16, ``extra_rows`` 0, any ``layout``) and
     ``gather_dequant_requant_fp8_paged_dsv4`` (fp8, the V4 layout): row r < n of ``out`` ``[n +
     extra_rows, 1, 512]`` from token id ``ids[r]``, rows n .. n + extra_rows - 1 zero; ``out``
     allocated with ``torch.empty`` when None (the kernel writes every row). Returns ``out``."""
-    record = layout
     layout = _remembered(cache, page_size, "quant_k_cache", False, spec.TOKEN_BYTES[record])
     checks.tensor("page_table_1_flattened", ids)
     if ids.dtype not in _C_TYPES or ids.dim() != 1:
