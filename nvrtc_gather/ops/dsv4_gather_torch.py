@@ -13,12 +13,16 @@ _DATA = torch.arange(spec.DATA_BYTES)
 _SCALES = torch.arange(7)
 
 
+def _pool_bytes(cache: torch.Tensor, page_size: int, token_bytes: int) -> torch.Tensor:
+    """The pool's bytes as one flat uint8 view, up to the last page's last token."""
+    extent = (cache.size(0) - 1) * cache.stride(0) + page_size * token_bytes
+    return cache.view(_U8).as_strided((extent,), (1,), cache.storage_offset())
+
+
 def _rows(cache: torch.Tensor, page_size: int, pages: torch.Tensor, slots: torch.Tensor, fp8_out: bool):
     """The 512 output values of each (page, slot), as the kernel converts them."""
-    stride = cache.stride(0)
-    extent = (cache.size(0) - 1) * stride + page_size * spec.RECORD_BYTES
-    flat = cache.view(_U8).as_strided((extent,), (1,), cache.storage_offset())
-    base = pages * stride
+    flat = _pool_bytes(cache, page_size, spec.RECORD_BYTES)
+    base = pages * cache.stride(0)
     data = flat[(base + slots * spec.DATA_BYTES)[:, None] + _DATA]
     scale_bytes = flat[(base + page_size * spec.DATA_BYTES + slots * spec.SCALE_BYTES)[:, None] + _SCALES]
     scale = (scale_bytes.to(torch.int32) << 23).view(torch.float32)  # 2^(s - 127); 0 -> +0, 255 -> +inf
@@ -42,10 +46,8 @@ def _rows_v41(cache: torch.Tensor, page_size: int, pages: torch.Tensor, slots: t
     """The 512 bf16 output values of each (page, slot) of a V4.1 layout, as the kernel converts them."""
     fp4, interleaved = spec.V41_LAYOUTS[layout]
     data_bytes, scale_bytes = (256, 32) if fp4 else (512, 16)
-    stride = cache.stride(0)
-    extent = (cache.size(0) - 1) * stride + page_size * (data_bytes + scale_bytes)
-    flat = cache.view(_U8).as_strided((extent,), (1,), cache.storage_offset())
-    base = pages * stride
+    flat = _pool_bytes(cache, page_size, data_bytes + scale_bytes)
+    base = pages * cache.stride(0)
     if interleaved:
         data_at = base + slots * (data_bytes + scale_bytes)
         scales_at = data_at + data_bytes
