@@ -37,6 +37,8 @@ NAMES = {"dsv4_bf16": ("dequantize_k_cache_paged_dsv4", "dequantize_k_cache_page
 FUNCTIONS = {op: names[0] for op, names in NAMES.items()}  # the op's name in status() where none is found
 _TAG = "_nvrtc_gather_original"
 _BYTES = (torch.uint8, torch.float8_e4m3fn)
+_ROCM = torch.version.hip is not None
+_SERVED_DEVICE = "cuda"  # the device type whose calls we take (the CPU tests' fake driver stands CPU in)
 
 
 def defining() -> str | None:
@@ -97,9 +99,9 @@ def _unserved(cache, ids, out, fp8: bool, layout) -> tuple[str, str] | None:
         dsv4_gather.layout_name(layout, fp8)
     except (TypeError, ValueError):
         return "layout", f"the {getattr(layout, 'name', layout)} layout"
-    if torch.version.hip is not None:
+    if _ROCM:
         return "ROCm", f"torch {torch.__version__} is a ROCm build"
-    if not isinstance(cache, torch.Tensor) or cache.dtype not in _BYTES or cache.device.type != "cuda":
+    if not isinstance(cache, torch.Tensor) or cache.dtype not in _BYTES or cache.device.type != _SERVED_DEVICE:
         return "cache", f"a {getattr(cache, 'dtype', type(cache).__name__)} cache on " \
                         f"{getattr(getattr(cache, 'device', None), 'type', '?')} (we serve 1-byte CUDA buffers)"
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
@@ -123,6 +125,11 @@ def _wrap(name: str, original, leave):
         except TypeError:
             leave(name, "call", "a call with other arguments")
             return original(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs)
+        if out is None and not _ROCM:  # a remembered layout passed every check _unserved makes: skip them
+            got = dsv4_gather._flat_remembered(quant_k_cache, page_table_1_flattened, page_size, extra_rows, fp8,
+                                               layout)
+            if got is not None:
+                return got
         why = _unserved(quant_k_cache, page_table_1_flattened, out, fp8, layout)
         if why is not None:
             leave(name, *why)

@@ -85,6 +85,23 @@ def test_calls_we_do_not_serve_go_to_sglang_and_say_why(v4):
     assert "layout" in left["dequantize_k_cache_paged_dsv4"] and "cache" in left["dequantize_k_cache_paged_dsv4"]
 
 
+def test_on_rocm_every_call_goes_to_sglang_before_any_remembered_path(v4, monkeypatch):
+    """ROCm torch: SGLang's own function (its HIP kernels), the remembered path never asked (a
+    layout is remembered after a CUDA launch, so it would not hold one; it must not be trusted to)."""
+    calls, _ = v4
+    monkeypatch.setattr(sglang_dsv4, "_ROCM", True)
+    monkeypatch.setattr(sglang_dsv4.dsv4_gather, "_flat_remembered", lambda *a: pytest.fail("remembered path asked"))
+    hook.register()
+    mod = sys.modules[BACKEND]
+    cache = ref.build_cache("v4", 3, 16, seed=1)
+    assert mod.dequantize_k_cache_paged_dsv4(cache, torch.tensor([0, 5]), 16) == "sglang's"
+    assert mod.gather_dequant_requant_fp8_paged_dsv4(cache, torch.tensor([0, 5]), 16, 1) == "sglang's"
+    assert calls == [("bf16", "V4"), ("fp8", 1)]
+    left = hook.status()["left_to_sglang"]
+    assert all("ROCm" in left[name] for name in ("dequantize_k_cache_paged_dsv4",
+                                                 "gather_dequant_requant_fp8_paged_dsv4")), left
+
+
 @pytest.mark.parametrize("layout", ["V4", "v41", "V41_NEW", "v41_fp4", "V41_FP4_NEW"])
 def test_the_v41_layouts_are_ours_where_the_cache_is(layout):
     """A V4.1 layout is not a reason to leave a call to SGLang (its own kernel refuses GPUs below

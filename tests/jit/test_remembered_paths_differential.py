@@ -1,6 +1,6 @@
 """The remembered paths of every op (each registered op, from tests/helpers/op_calls.py's valid
-calls) and of SGLang's entries (the index-K read, its hook, the write, DeepSeek-V4's flat forms)
-accept exactly what their full checks accept and launch exactly what those would: CPU tensors
+calls) and of SGLang's entries (the index-K read, its hook, the write, DeepSeek-V4's flat forms and
+their hook) accept exactly what their full checks accept and launch exactly what those would: CPU tensors
 planned as cuda:0, on a fake driver that records each launch (kernel, grid, block, the parameter
 struct field by field), no GPU.
 
@@ -24,6 +24,7 @@ import torch
 
 from helpers import hostile_tensors, op_calls
 from nvrtc_gather.integrations import sglang as sg
+from nvrtc_gather.integrations import sglang_dsv4
 from nvrtc_gather.jit import driver, runtime, spec
 from nvrtc_gather.ops import (cache_gather, checks, dsv4_gather, gather, index_k_read, indexer_k_quant,
                               indexer_k_scatter, mla_gather, mla_write)
@@ -77,6 +78,7 @@ def fake(monkeypatch):
                                               page_size=page_size, num_pages=layout.num_pages)
         return layout._replace(device=0, image=image)
     monkeypatch.setattr(dsv4_gather, "_cache_layout", cache_on_device_0)
+    monkeypatch.setattr(sglang_dsv4, "_SERVED_DEVICE", "cpu")  # the V4 hook takes these calls as CUDA's
     for module, plan, fields in PLANS:  # the registered ops' plans (indexer_k_scatter's above)
         monkeypatch.setattr(module, plan, _on_device_0(getattr(module, plan), fields))
     for module, name in MEMOS:  # fresh memos, the process's own back after the test (they would
@@ -223,6 +225,16 @@ def _flat_call(a):
     return call
 
 
+def _hook_flat_call(a):
+    """SGLang's V4 functions as the hook replaces them (SGLang's own returns a string)."""
+    own = lambda *args, **kwargs: "SGLang's own"  # noqa: E731
+    name = sglang_dsv4.FUNCTIONS["dsv4_fp8" if a["fp8"] else "dsv4_bf16"]
+    hooked = sglang_dsv4._wrap(name, own, lambda *why: None)
+    if a["fp8"]:
+        return lambda: hooked(a["cache"], a["ids"], a["ps"], a["extra"], out=a["out"])
+    return lambda: hooked(a["cache"], a["ids"], a["ps"], out=a["out"], layout=a["layout"])
+
+
 FLAT_CHANGES = [
     *[(f"cache +{b} bytes", lambda a, b=b: a.update(cache=shifted(a["cache"], b))) for b in (1, 8, 16, 48)],
     ("cache padded pages", lambda a: a.update(cache=torch.zeros(6, V4_PAGE + 16, dtype=U8)[:, :V4_PAGE])),
@@ -310,7 +322,8 @@ SET_CHANGES = [
 ]
 
 ENTRIES = {"read": (_read_base, _read_call, READ_CHANGES), "hooked read": (_read_base, _hook_call, READ_CHANGES),
-           "flat": (_flat_base, _flat_call, FLAT_CHANGES), "paged": (_paged_base, _paged_call, PAGED_CHANGES),
+           "flat": (_flat_base, _flat_call, FLAT_CHANGES), "hooked flat": (_flat_base, _hook_flat_call, FLAT_CHANGES),
+           "paged": (_paged_base, _paged_call, PAGED_CHANGES),
            "set": (_set_base, _set_call, SET_CHANGES)}
 CASES = [(entry, i) for entry, (_, _, changes) in ENTRIES.items() for i in range(len(changes) + 40)]
 
