@@ -217,20 +217,29 @@ struct V41Record {
             s = __ldg(scales + (lane >> 1));
         }
     }
-    // e2m1 code (4 bits) -> fp32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign (8 is -0).
-    static __device__ __forceinline__ float e2m1(u32 c) {
-        const u32 m = c & 7u;
-        const u32 mag = m < 2u ? (m ? 0x3f000000u : 0u) : (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
-        return __uint_as_float(mag | ((c & 8u) << 28));
+    // 8 e2m1 codes (c: value 2j in byte j's low nibble) as e4m3 bytes of a 64th of their values,
+    // value pairs (0, 1), (2, 3) in lo and (4, 5), (6, 7) in hi: magnitude bits e1 e0 m0 moved to
+    // e4m3's bits 4-2 give 2^(e - 7) (1 + m0 / 2), and for e = 0 the subnormal m0 * 2^-7; sign bit 3
+    // to bit 7. So one e4m3 pair conversion decodes two codes (exactly, never a NaN code).
+    static __device__ __forceinline__ void e2m1x8_as_e4m3(u32 c, u32& lo, u32& hi) {
+        const u32 even = ((c & 0x07070707u) << 2) | ((c & 0x08080808u) << 4);
+        const u32 odd = ((c >> 2) & 0x1c1c1c1cu) | (c & 0x80808080u);
+        lo = __byte_perm(even, odd, 0x5140);
+        hi = __byte_perm(even, odd, 0x7362);
     }
     static __device__ __forceinline__ void store(u8* dst, const Lane& x, u32 s, int lane) {
         u32 o[8];
         if (FP4) {
-            const float scale = ng_float_from_fp8e4m3(s);
+            // v = (e2m1 / 64) * (64 e4m3): both factors and the product exact in fp32, as e2m1 * e4m3
+            const float scale64 = __fmul_rn(ng_float_from_fp8e4m3(s), 64.0f);
+            u32 e[4];
+            e2m1x8_as_e4m3(x.c.x, e[0], e[1]);
+            e2m1x8_as_e4m3(x.c.y, e[2], e[3]);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                const u32 b = ((i < 4 ? x.c.x : x.c.y) >> (8 * (i & 3))) & 0xffu;
-                o[i] = ng_bf16x2_from_float(__fmul_rn(e2m1(b & 15u), scale), __fmul_rn(e2m1(b >> 4), scale));
+                float f[2];
+                ng_float2_from_fp8e4m3x2(e[i >> 1] >> (16 * (i & 1)), f[0], f[1]);
+                o[i] = ng_bf16x2_from_float(__fmul_rn(f[0], scale64), __fmul_rn(f[1], scale64));
             }
         } else {
             // 2^(s - 127) by its bits, s = 0 the subnormal 2^-127, s = 255 NaN
