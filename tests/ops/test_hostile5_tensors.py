@@ -31,7 +31,14 @@ def test_a_tensor_whose_bytes_are_not_its_values_is_refused_by_name(op, index, a
         ENTRIES[entry](op)(*args)
     after = [a for a in args if isinstance(a, torch.Tensor) and a.layout == torch.strided
              and not a.is_quantized and not a.is_nested and not a.is_neg()]
-    assert all(torch.equal(x, y) for x, y in zip(before, after))
+    assert all(_same_bytes(x, y) for x, y in zip(before, after))
+
+
+def _same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit for bit (torch.equal calls a NaN unequal to itself: the CUDA call before writes NaNs
+    where the random fp8 cache holds NaN codes)."""
+    return x.shape == y.shape and x.dtype == y.dtype and torch.equal(x.reshape(-1).view(torch.uint8),
+                                                                     y.reshape(-1).view(torch.uint8))
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
