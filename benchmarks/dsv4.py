@@ -8,6 +8,7 @@ byte against SGLang's kernels, or the CPU path, first. Issue 33's targets: bf16 
 from 32K tokens (<= 1.3x from 4K), fp8 <= 1.15x from 32K, faster than SGLang's Triton."""
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -18,12 +19,13 @@ from record import Table, mb, num, spread
 from timing import check_same, copy_fn, l2_bytes, timed
 import nvrtc_gather as ng
 from nvrtc_gather.integrations import sglang as sg
+from nvrtc_gather.integrations import sglang_dsv4
 from nvrtc_gather.kernels import dsv4_gather as spec
 
 NAME, REPS = "dsv4", 40
 TOKENS = (4096, 32768, 131072, 524288)
 FORMS = {"sglang bf16": 1024, "sglang fp8": 512, "vllm bf16": 1024}  # bytes written a token
-HOST_RATIOS = ("dsv4_sglang_bf16_us", "dsv4_vllm_us")
+HOST_RATIOS = ("dsv4_sglang_bf16_us", "dsv4_sglang_bf16_hooked_us", "dsv4_vllm_us")
 
 
 def sglang_kernels():
@@ -110,9 +112,29 @@ def bench(opts, reps: int, flush) -> dict:
 
 
 def host_calls() -> dict:
+    """Our SGLang-form function, SGLang's own V4 bf16 function as its backend calls it once
+    register() hooked it (where SGLang's V4 module imports), vLLM's form."""
     w = Workload(4096, l2=0)
-    return {"dsv4_sglang_bf16_us": (sg.dequantize_k_cache_paged_dsv4, (w.cache, w.ids, pb.BLOCK_SIZE)),
-            "dsv4_vllm_us": (ng.dequantize_and_gather_k_cache, (w.out, w.k_cache, w.seq, None, w.bt, pb.BLOCK_SIZE, 0))}
+    calls = {"dsv4_sglang_bf16_us": (sg.dequantize_k_cache_paged_dsv4, (w.cache, w.ids, pb.BLOCK_SIZE)),
+             "dsv4_vllm_us": (ng.dequantize_and_gather_k_cache, (w.out, w.k_cache, w.seq, None, w.bt, pb.BLOCK_SIZE, 0))}
+    hooked = hooked_bf16()
+    if hooked is not None:
+        calls["dsv4_sglang_bf16_hooked_us"] = (hooked, (w.cache, w.ids, pb.BLOCK_SIZE))
+    return calls
+
+
+def hooked_bf16():
+    """SGLang's dequantize_k_cache_paged_dsv4 as its module holds it after register(), or None
+    (no SGLang with V4, or its module does not import here)."""
+    where = sglang_dsv4.defining()
+    try:
+        module = importlib.import_module(where) if where else None
+    except Exception as e:  # noqa: BLE001  a dependency missing: the row goes without it
+        print(f"SGLang's V4 module does not import: {type(e).__name__}: {e}")
+        return None
+    sg.register()
+    name = sglang_dsv4.FUNCTIONS["dsv4_bf16"]
+    return getattr(module, name) if module is not None and name in sg.status()["hooked"] else None
 
 
 def dry_run() -> dict:
