@@ -20,8 +20,9 @@ cd "$(dirname "$0")/.."
 status=0
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-# Wheels carried in .whl/ (the device has no package index): SGLang for its GPU tests
-# (tests/gpu/test_sglang_triton_gpu.py), which must then run rather than skip.
+# Wheels carried in .whl/ (the device has no package index; scripts/device_wheels.sh downloads
+# them): SGLang for its GPU tests (tests/gpu/test_sglang_triton_gpu.py), which must then run
+# rather than skip.
 if ls .whl/*.whl > /dev/null 2>&1; then
   # installed once a machine for these wheels (their listing kept beside them): a second gpu_check.sh
   # running beside the first imports the same files; other wheels are installed afresh
