@@ -125,7 +125,9 @@ def _wrap(name: str, original, leave):
         except TypeError:
             leave(name, "call", "a call with other arguments")
             return original(quant_k_cache, page_table_1_flattened, page_size, *args, **kwargs)
-        if out is None and not _ROCM:  # a remembered layout passed every check _unserved makes: skip them
+        # A remembered layout passed every check _unserved makes: skip them. Not while torch.compile
+        # traces (gather_flat records the op there; a fake tensor has no data pointer to launch on).
+        if out is None and not _ROCM and not dsv4_gather._is_compiling():
             got = dsv4_gather._flat_remembered(quant_k_cache, page_table_1_flattened, page_size, extra_rows, fp8,
                                                layout)
             if got is not None:

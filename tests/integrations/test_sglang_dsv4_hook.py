@@ -14,6 +14,7 @@ import torch
 from helpers import dsv4_reference as ref
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.integrations import sglang_dsv4
+from nvrtc_gather.ops import dsv4_gather
 
 DEFINING = sglang_dsv4.MODULES[0]
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
@@ -212,3 +213,20 @@ def test_0_5_13_to_0_5_15s_module_is_hooked_where_the_newer_one_is_absent(monkey
     finally:
         hook.unregister()
     assert sys.modules[BACKEND].dequantize_k_cache_paged is dequantize_k_cache_paged
+
+
+def test_the_hook_traces_under_compile_with_its_layout_remembered(monkeypatch):
+    """torch.compile (fullgraph) of SGLang's function as hooked, after an eager call remembered
+    the layout: the traced call records the op (gather_flat's compiled path) instead of taking
+    the remembered launch, which needs data pointers a fake tensor does not have."""
+    monkeypatch.setattr(sglang_dsv4, "_SERVED_DEVICE", "cpu")  # CPU tensors stand for CUDA's here
+    cache = ref.build_cache("v4", 5, 16, seed=4)
+    ids = ref.random_token_ids(5, 16, 30, seed=4)
+    key = dsv4_gather._flat_key(cache, ids, 16, False, "v4")
+    monkeypatch.setattr(dsv4_gather, "_flat_ready", dsv4_gather.fast_path.LayoutMemo())
+    dsv4_gather._flat_ready.remember(key, dsv4_gather.FlatReady(lambda *a: pytest.fail("launched"), torch.bfloat16,
+                                                                1024))
+    hooked = sglang_dsv4._wrap("dequantize_k_cache_paged_dsv4", lambda *a, **k: "sglang's", lambda *why: None)
+    torch._dynamo.reset()
+    f = torch.compile(lambda c, i: hooked(c, i, 16), fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(cache, ids).view(torch.int16), ref.dequantize_k_cache_paged_dsv4(cache, ids, 16).view(torch.int16))
