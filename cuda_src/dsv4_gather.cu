@@ -12,8 +12,10 @@
 //
 // Work split: one warp per token, NG_V4_PASSES tokens per warp (every token id loaded, then every
 // record, before any store). Lane l < 28 converts NoPE values [16l, 16l + 16) (one 16-byte load; its scale byte
-// from the token's 8-byte scale row, one broadcast load); lanes 28-31 carry the RoPE values
-// [32(l - 28), +32) bytes (two 16-byte loads). Every access is 16 bytes wide but the scale row.
+// from the token's 8-byte scale row, one broadcast load); in the bf16 forms lanes 28-31 carry the
+// RoPE values [32(l - 28), +32) bytes (two 16-byte loads), in the fp8 form every lane converts
+// RoPE values 2l and 2l + 1 (a 4-byte load, a 2-byte store). Every other access is 16 bytes wide
+// but the scale row.
 // Index values are untrusted: a token id outside [0, num_slots), a block id outside
 // [0, num_pages), a block column past max_blocks, a gather longer than its sequence or a row
 // past out: SGLang's forms write that row as zeros, vLLM's skips it (rows it does not own
@@ -129,36 +131,16 @@ __device__ __forceinline__ void store_nope(u8* dst, const uint4& x, u32 s) {
     }
 }
 
-// 8 RoPE bf16 values (x) as 8 fp8 bytes.
-__device__ __forceinline__ uint2 rope_fp8(const uint4& x) {
-    const u32 w[4] = {x.x, x.y, x.z, x.w};
-    float f[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = ng_bf16_to_float(w[i] & 0xffffu);
-        f[2 * i + 1] = ng_bf16_to_float(w[i] >> 16);
-    }
-    return make_uint2(fp8x4_of_f32(f), fp8x4_of_f32(f + 4));
-}
-
-// A lane's share of one output row (dst: the row's first byte).
-template <bool FP8_OUT>
+// A lane's share of one bf16 output row (dst: the row's first byte).
 __device__ __forceinline__ void store_lane(u8* dst, const V4Lane& x, u32 s, int lane) {
     if (NG_V4_RAW) {  // experiments: the same stores, unconverted
-        if (lane < 28 || !FP8_OUT) {
-            uint4* d = reinterpret_cast<uint4*>(dst + (lane < 28 ? (FP8_OUT ? 16 : 32) * lane : 896 + 32 * (lane - 28)));
-            d[0] = x.a;
-            if (!FP8_OUT) d[1] = lane < 28 ? x.a : x.b;
-        } else {
-            *reinterpret_cast<uint4*>(dst + 448 + 16 * (lane - 28)) = x.a;
-        }
+        uint4* d = reinterpret_cast<uint4*>(dst + (lane < 28 ? 32 * lane : 896 + 32 * (lane - 28)));
+        d[0] = x.a;
+        d[1] = lane < 28 ? x.a : x.b;
         return;
     }
     if (lane < 28) {
-        store_nope<FP8_OUT>(dst + (FP8_OUT ? 16 : 32) * lane, x.a, s);
-    } else if (FP8_OUT) {
-        const uint2 lo = rope_fp8(x.a), hi = rope_fp8(x.b);
-        *reinterpret_cast<uint4*>(dst + 448 + 16 * (lane - 28)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        store_nope<false>(dst + 32 * lane, x.a, s);
     } else {
         uint4* d = reinterpret_cast<uint4*>(dst + 896 + 32 * (lane - 28));  // RoPE bf16, bit for bit
         d[0] = x.a;
@@ -173,6 +155,36 @@ __device__ __forceinline__ void zero_lane(u8* dst, int lane) {
     if (ROW_BYTES == 1024) d[1] = make_uint4(0u, 0u, 0u, 0u);
 }
 
+// The fp8 form's lanes: NoPE as above (lanes 0-27), and every lane converts two RoPE values (4
+// bytes at 448 + 4 * lane: one coalesced 128-byte load and a 64-byte store a warp), so the RoPE
+// conversion is one instruction a lane, not sixteen on four lanes that the warp waits for.
+__device__ __forceinline__ void load_lane_fp8(const DsV4GatherParams& p, int page, int slot, int lane, V4Lane& x,
+                                              u32& s) {
+    const u8* base = p.cache + (i64)page * p.page_stride;
+    const u8* rec = base + (i64)slot * NG_V4_RECORD;
+    s = 0;
+    if (lane < 28) {
+        x.a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
+        const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
+                                                               (i64)slot * NG_V4_SCALES));
+        const int k = lane >> 2;  // 16 values a lane, 64 a scale
+        s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
+    }
+    x.b.x = __ldg(reinterpret_cast<const u32*>(rec + 448) + lane);
+}
+
+__device__ __forceinline__ void store_lane_fp8(u8* dst, const V4Lane& x, u32 s, int lane) {
+    if (NG_V4_RAW) {  // experiments: the same stores, unconverted
+        if (lane < 28) *reinterpret_cast<uint4*>(dst + 16 * lane) = x.a;
+        *reinterpret_cast<unsigned short*>(dst + 448 + 2 * lane) = (unsigned short)(x.b.x & 0xffffu);
+        return;
+    }
+    if (lane < 28) store_nope<true>(dst + 16 * lane, x.a, s);
+    const u32 w = x.b.x;  // RoPE values 2 lane, 2 lane + 1 (bf16)
+    *reinterpret_cast<unsigned short*>(dst + 448 + 2 * lane) =
+        (unsigned short)ng_fp8e4m3x2_from_f32(ng_bf16_to_float(w & 0xffffu), ng_bf16_to_float(w >> 16));
+}
+
 // The record formats the flat forms read: load(p, page, slot, lane, x, s) brings a lane's source
 // bytes and scale, store(dst, x, s, lane) writes its share of the output row; ROW_BYTES a row.
 template <bool FP8_OUT>
@@ -181,10 +193,10 @@ struct V4Record {  // DeepSeek-V4's 584-byte record, bf16 or fp8 out
     typedef V4Lane Lane;
     static __device__ __forceinline__ void load(const DsV4GatherParams& p, int page, int slot, int lane, Lane& x,
                                                 u32& s) {
-        load_lane(p, page, slot, lane, x, s);
+        if (FP8_OUT) load_lane_fp8(p, page, slot, lane, x, s); else load_lane(p, page, slot, lane, x, s);
     }
     static __device__ __forceinline__ void store(u8* dst, const Lane& x, u32 s, int lane) {
-        store_lane<FP8_OUT>(dst, x, s, lane);
+        if (FP8_OUT) store_lane_fp8(dst, x, s, lane); else store_lane(dst, x, s, lane);
     }
 };
 
@@ -344,7 +356,7 @@ __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
     for (int u = 0; u < NG_V4_PASSES; ++u) {
         if (!ok[u]) continue;
         const i64 row = p.offset + i0 + w + u * NG_V4_WARPS;
-        store_lane<false>(p.out + (i64)r * p.out_req_stride + row * p.out_row_stride, x[u], s[u], lane);
+        store_lane(p.out + (i64)r * p.out_req_stride + row * p.out_row_stride, x[u], s[u], lane);
     }
 }
 
