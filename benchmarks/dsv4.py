@@ -1,9 +1,12 @@
 """DeepSeek-V4's record gathers' family: SGLang's dequantize_k_cache_paged_dsv4 (-> bf16) and
 gather_dequant_requant_fp8_paged_dsv4 (-> fp8, one zero landing row) on flat token ids over
-shuffled 64-token pages, and vLLM's dequantize_and_gather_k_cache (4 requests), each called as
+shuffled 64-token pages (the bf16 form also over SGLang's V4.1 layouts, MXFP8 and FP4, read from
+the same pool: a V4 page holds 64 tokens of either), and vLLM's dequantize_and_gather_k_cache
+(4 requests), each called as
 the engine calls it (outputs allocated by the call where the engine's function allocates them),
 interleaved with SGLang 0.5.23's own Triton kernels (where their source is installed: the carried
-wheel) and a copy of the same bytes (584 read a token; 1,024 or 512 written). Checked byte for
+wheel; its V4.1 kernels with their SM100 check stubbed) and a copy of the same bytes (584, 528
+or 288 read a token; 1,024 or 512 written). Checked byte for
 byte against SGLang's kernels, or the CPU path, first. Issue 33's targets: bf16 <= 1.1x the copy
 from 32K tokens (<= 1.3x from 4K), fp8 <= 1.15x from 32K, faster than SGLang's Triton."""
 from __future__ import annotations
@@ -23,7 +26,8 @@ from nvrtc_gather.kernels import dsv4_gather as spec
 
 NAME, REPS = "dsv4", 40
 TOKENS = (4096, 32768, 131072, 524288)
-FORMS = {"sglang bf16": 1024, "sglang fp8": 512, "vllm bf16": 1024}  # bytes written a token
+FORMS = {"sglang bf16": (584, 1024), "sglang v41 bf16": (528, 1024), "sglang v41_fp4 bf16": (288, 1024),
+         "sglang fp8": (584, 512), "vllm bf16": (584, 1024)}  # bytes read and written a token
 HOST_RATIOS = ("dsv4_sglang_bf16_us", "dsv4_sglang_bf16_hooked_us", "dsv4_vllm_us")
 
 
@@ -63,12 +67,17 @@ class Workload:
 
     def ops(self, kernels):
         ids, c = self.ids, self.cache
-        out = {"sglang bf16": {"op": lambda: sg.dequantize_k_cache_paged_dsv4(c, ids, pb.BLOCK_SIZE)},
-               "sglang fp8": {"op": lambda: sg.gather_dequant_requant_fp8_paged_dsv4(c, ids, pb.BLOCK_SIZE, 1)},
-               "vllm bf16": {"op": lambda: ng.dequantize_and_gather_k_cache(self.out, self.k_cache, self.seq, None,
-                                                                              self.bt, pb.BLOCK_SIZE, 0)}}
+        out = {}
+        for lay in (None, "v41", "v41_fp4"):  # V4 as SGLang's V4 backend calls it: no layout
+            kw = {"layout": lay} if lay else {}
+            form = f"sglang {lay} bf16" if lay else "sglang bf16"
+            out[form] = {"op": lambda kw=kw: sg.dequantize_k_cache_paged_dsv4(c, ids, pb.BLOCK_SIZE, **kw)}
+            if kernels is not None:
+                out[form]["sglang"] = lambda kw=kw: kernels.dequantize_k_cache_paged_dsv4(c, ids, pb.BLOCK_SIZE, **kw)
+        out |= {"sglang fp8": {"op": lambda: sg.gather_dequant_requant_fp8_paged_dsv4(c, ids, pb.BLOCK_SIZE, 1)},
+                "vllm bf16": {"op": lambda: ng.dequantize_and_gather_k_cache(self.out, self.k_cache, self.seq, None,
+                                                                               self.bt, pb.BLOCK_SIZE, 0)}}
         if kernels is not None:
-            out["sglang bf16"]["sglang"] = lambda: kernels.dequantize_k_cache_paged_dsv4(c, ids, pb.BLOCK_SIZE)
             out["sglang fp8"]["sglang"] = lambda: kernels.gather_dequant_requant_fp8_paged_dsv4(c, ids, pb.BLOCK_SIZE, 1)
         return out
 
@@ -76,8 +85,8 @@ class Workload:
 def _cpu(form, w):
     """The CPU path's bytes of a form (where SGLang's kernels are not at hand)."""
     c, ids = w.cache.cpu(), w.ids.cpu()
-    if form == "sglang bf16":
-        return sg.dequantize_k_cache_paged_dsv4(c, ids, pb.BLOCK_SIZE)
+    if form.endswith("bf16") and form.startswith("sglang"):
+        return sg.dequantize_k_cache_paged_dsv4(c, ids, pb.BLOCK_SIZE, layout=form.split()[1].replace("bf16", "v4"))
     if form == "sglang fp8":
         return sg.gather_dequant_requant_fp8_paged_dsv4(c, ids, pb.BLOCK_SIZE, 1)
     out = torch.empty(w.out.shape, dtype=torch.bfloat16)
@@ -94,7 +103,7 @@ def bench(opts, reps: int, flush) -> dict:
         for form, fns in w.ops(kernels).items():
             got = fns["op"]() if form != "vllm bf16" else (fns["op"](), w.out.clone())[1]
             check_same("op", got, fns["sglang"]() if "sglang" in fns else _cpu(form, w).cuda(), f"{form} {tokens}")
-            moved = tokens * (584 + FORMS[form])
+            moved = tokens * sum(FORMS[form])
             fns["copy"] = copy_fn(moved)
             row = {"workload": f"{tokens // 1024}K", "form": form, "tokens": tokens, "bytes": moved}
             timed(row, fns, flush, reps)
@@ -140,7 +149,7 @@ def dry_run() -> dict:
     for tokens in TOKENS:
         w = Workload(tokens, device="cpu")
         assert w.ids.numel() == tokens and int(w.ids.max()) < w.num_pages * pb.BLOCK_SIZE
-        rows += [{"workload": f"{tokens // 1024}K", "form": f, "tokens": tokens, "bytes": tokens * (584 + b)}
+        rows += [{"workload": f"{tokens // 1024}K", "form": f, "tokens": tokens, "bytes": tokens * sum(b)}
                  for f, b in FORMS.items()]
     return {"dsv4_workloads": rows}
 

@@ -1,6 +1,6 @@
 """The record of one run: ``bench.json`` (the environment, each family's sections, the host
 costs), ``bench.md`` (each family's tables, the host-cost table) and ``bench.png`` (the
-indexer gather's chart, with matplotlib). benchmarks/h200.json is one such ``bench.json``.
+indexer gather's chart, with matplotlib). benchmarks/record.json is one such ``bench.json``.
 Families describe their tables as ``Table`` objects and print their rows with them as they go."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """benchmarks/bench.py without a GPU: every family keeps the contract the driver calls, its dry
-run builds exactly the rows of the record (benchmarks/h200.json: same workloads, tokens and
+run builds exactly the rows of the record (benchmarks/record.json: same workloads, tokens and
 bytes), the record writer round-trips the record and renders the tables benchmarks/README.md
 shows, and no module of benchmarks/ imports another in a circle (nor a family another family)."""
 import ast
@@ -10,7 +10,7 @@ from helpers.fresh_python import REPO
 
 BENCH = Path(REPO, "benchmarks")
 
-RECORD = json.loads(Path(BENCH, "h200.json").read_text())
+RECORD = json.loads(Path(BENCH, "record.json").read_text())
 
 
 def test_every_family_keeps_the_contract(bench):

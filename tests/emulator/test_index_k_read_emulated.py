@@ -51,9 +51,9 @@ def random_case(rng: random.Random, tiny: bool = False):
     ps = rng.choice([1, 3, 16, 64])
     hd = rng.choice([128, 128, 64, 32])
     nq = rng.choice([q for q in (1, 2) if hd % (q * 4) == 0])
-    # 300, 520: the scan runs over several chunks of 256; 1300: past the chunks loaded up front. The
-    # tiny entry scans 32 lengths a step (520 is 17 steps): 1300 there took 95 s under the emulator.
-    batch = rng.choice([0, 1, 2, 5, 40, 300, 520, 1300])
+    # 256, 257: one chunk of 256 lengths and one request past it; 300, 520, 1300: two to six chunks.
+    # The tiny entry scans 32 lengths a step (520 is 17 steps): 1300 there took 95 s under the emulator.
+    batch = rng.choice([0, 1, 2, 5, 40, 256, 257, 300, 520, 1300])
     mean = rng.choice([1, 3]) if batch > 520 else rng.choice([1, 5, 30]) if batch > 40 else rng.choice([1, 20, 130])
     batch = min(batch, 520) if tiny else batch
     lens = [0 if rng.random() < 0.15 else rng.randint(1, 2 * mean) for _ in range(batch)]

@@ -92,9 +92,9 @@ def test_sdist_holds_what_the_tests_need(dists):
     # every file of the tests (their C and C++ sources among them): the sdist's suite reads them
     tracked = subprocess.run(["git", "ls-files", "tests"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert [f for f in tracked.stdout.split() if f not in names] == []
-    # every local file benchmarks/README.md shows or links (its chart, h200.png, among them)
+    # every local file benchmarks/README.md shows or links (its chart, record.png, among them)
     shown = re.findall(r"\]\(([^)#:]+)\)", (ROOT / "benchmarks" / "README.md").read_text())
-    assert "h200.png" in shown
+    assert "record.png" in shown
     for rel in shown:
         assert f"benchmarks/{rel}" in names, rel
 
