@@ -1,12 +1,11 @@
 """DeepSeek-V4's record gathers' family: SGLang's dequantize_k_cache_paged_dsv4 (-> bf16) and
 gather_dequant_requant_fp8_paged_dsv4 (-> fp8, one zero landing row) on flat token ids over
 shuffled 64-token pages (the bf16 form also over SGLang's V4.1 layouts, MXFP8 and FP4, read from
-the same pool: a V4 page holds 64 tokens of either), and vLLM's dequantize_and_gather_k_cache
-(4 requests), each called as
-the engine calls it (outputs allocated by the call where the engine's function allocates them),
-interleaved with SGLang 0.5.23's own Triton kernels (where their source is installed: the carried
-wheel; its V4.1 kernels with their SM100 check stubbed) and a copy of the same bytes (584, 528
-or 288 read a token; 1,024 or 512 written). Checked byte for
+the same pool: a V4 page holds 64 tokens of either), and vLLM's dequantize_and_gather_k_cache (4
+requests), each called as the engine calls it (outputs allocated by the call where the engine's
+function allocates them), interleaved with SGLang 0.5.23's own Triton kernels (where their
+source is installed: the carried wheel; its V4.1 kernels with their SM100 check stubbed) and a
+copy of the same bytes (584, 528 or 288 read a token; 1,024 or 512 written). Checked byte for
 byte against SGLang's kernels, or the CPU path, first. Issue 33's targets: bf16 <= 1.1x the copy
 from 32K tokens (<= 1.3x from 4K), fp8 <= 1.15x from 32K, faster than SGLang's Triton."""
 from __future__ import annotations
