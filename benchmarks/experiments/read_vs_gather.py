@@ -5,7 +5,16 @@ the multi-request rows goes, and whether SGLang's 0-3% lead there is real. Bytes
 first; then 200 interleaved runs each (timing.time_samples: L2 flushed, CUDA events), medians
 and the 25th-75th percentiles.
 
-    python3 benchmarks/experiments/read_vs_gather.py"""
+    python3 benchmarks/experiments/read_vs_gather.py
+
+`profile [BxM ...]` launches our read and gather (checked equal first) PROFILE_REPS times each
+per workload, untimed, for Nsight Compute: where the read's extra ~9 µs at 4096 requests of 64
+tokens goes (NOTES.md v21: neither its lengths' round trips nor its scan's instructions).
+
+    ncu --clock-control none --csv --print-units base --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \\
+        --kernel-name regex:'index_k_read|gather_indexer' \\
+        python3 benchmarks/experiments/read_vs_gather.py profile [BxM ...] > ncu_read.csv"""
 import statistics
 import sys
 from pathlib import Path
@@ -21,6 +30,20 @@ import nvrtc_gather as ng
 from nvrtc_gather.integrations import sglang as hook
 
 WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256)]
+PROFILE_WORKLOADS = [(4096, 64), (2048, 128), (1024, 256)]  # the slow row, then the same bytes fast
+PROFILE_REPS = 5
+
+
+def ours(w) -> dict:
+    """Our read as SGLang's entry calls it and our gather on the same rows, each allocating its outputs."""
+    kv = w.buf.view(w.num_blocks, pb.BLOCK_SIZE, ee.RECORD)
+
+    def gather():
+        k = torch.empty(w.tokens, 128, dtype=torch.uint8, device="cuda")
+        s = torch.empty(w.tokens, 4, dtype=torch.uint8, device="cuda")
+        ng.cp_gather_indexer_k_quant_cache(kv, k.view(torch.float8_e4m3fn), s, w.block_table, w.cu)
+        return k, s
+    return {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args()), "gather": gather}
 
 
 def main():
@@ -28,14 +51,7 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no")
     for batch, mean in WORKLOADS:
         w = ee.Workload(batch, mean)
-        kv = w.buf.view(w.num_blocks, pb.BLOCK_SIZE, ee.RECORD)
-
-        def gather():
-            k = torch.empty(w.tokens, 128, dtype=torch.uint8, device="cuda")
-            s = torch.empty(w.tokens, 4, dtype=torch.uint8, device="cuda")
-            ng.cp_gather_indexer_k_quant_cache(kv, k.view(torch.float8_e4m3fn), s, w.block_table, w.cu)
-            return k, s
-        fns = {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args()), "gather": gather}
+        fns = ours(w)
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         want = torch.cat(fns["read"](), 1)
@@ -50,5 +66,20 @@ def main():
         torch.cuda.empty_cache()
 
 
+def profile(workloads):
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        fns = ours(w)
+        check_same("gather", torch.cat(fns["gather"](), 1), torch.cat(fns["read"](), 1), w.name)
+        for fn in fns.values():
+            for _ in range(PROFILE_REPS):
+                fn()
+        torch.cuda.synchronize()
+        print(f"{w.name}: read and gather x {PROFILE_REPS}", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["profile"]:
+        profile([tuple(int(x) for x in a.split("x")) for a in sys.argv[2:]] or PROFILE_WORKLOADS)
+    else:
+        main()
