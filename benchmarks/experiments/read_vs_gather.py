@@ -7,6 +7,9 @@ and the 25th-75th percentiles.
 
     python3 benchmarks/experiments/read_vs_gather.py
 
+`tiles [BxM ...]`: the read at 64, 128 and 256 rows a block beside the gather and the copy (is
+the scan's L2 traffic, which grows with the grid, the 4096x64 row's extra time?).
+
 `profile [BxM ...]` launches our read and gather (checked equal first) PROFILE_REPS times each
 per workload, untimed, for Nsight Compute: where the read's extra ~9 µs at 4096 requests of 64
 tokens goes (NOTES.md v21: neither its lengths' round trips nor its scan's instructions).
@@ -28,6 +31,7 @@ import paged_batch as pb
 from timing import check_same, copy_fn, flush_buffer, time_samples
 import nvrtc_gather as ng
 from nvrtc_gather.integrations import sglang as hook
+from nvrtc_gather.ops import index_k_read
 
 WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256)]
 PROFILE_WORKLOADS = [(4096, 64), (2048, 128), (1024, 256)]  # the slow row, then the same bytes fast
@@ -78,8 +82,35 @@ def profile(workloads):
         print(f"{w.name}: read and gather x {PROFILE_REPS}", file=sys.stderr)
 
 
+def tiles(workloads):
+    """The read at 64, 128 and 256 rows a block (the 16 KiB entry; the bench's policy picks 128 on
+    these rows): every block scans the lengths before its rows, so the grid sets the scan's L2
+    traffic (O(grid x batch): ~16 MB at 4096x64 with 2048 blocks). If that traffic is the read's
+    extra time at 4096 requests, it halves with the grid (256 rows) and doubles with it (64); if the
+    copy phase is, the three stay within the gather's spread."""
+    flush = flush_buffer()
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        fns = ours(w)
+        want = torch.cat(fns["read"](), 1)
+        layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
+        for tpc in (64, 128, 256):
+            fixed = layout._replace(shape=lambda n, tpc=tpc: (tpc, ""), launchers={})
+            fns[f"read {tpc}"] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens)
+            check_same(f"read {tpc}", torch.cat(fns[f"read {tpc}"](), 1), want, w.name)
+        fns["copy"] = copy_fn(w.moved)
+        got = time_samples(fns, flush, 200)
+        print(f"{w.name} (policy: {layout.shape(w.tokens)}): " + "  ".join(
+            f"{k} {statistics.median(v):.2f}" for k, v in got.items()), flush=True)
+        w = None
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
+    args = [tuple(int(x) for x in a.split("x")) for a in sys.argv[2:]] or PROFILE_WORKLOADS
     if sys.argv[1:2] == ["profile"]:
-        profile([tuple(int(x) for x in a.split("x")) for a in sys.argv[2:]] or PROFILE_WORKLOADS)
+        profile(args)
+    elif sys.argv[1:2] == ["tiles"]:
+        tiles(args)
     else:
         main()
