@@ -83,21 +83,23 @@ def profile(workloads):
 
 
 def tiles(workloads):
-    """The read at 64, 128 and 256 rows a block (the 16 KiB entry; the bench's policy picks 128 on
-    these rows): every block scans the lengths before its rows, so the grid sets the scan's L2
-    traffic (O(grid x batch): ~16 MB at 4096x64 with 2048 blocks). If that traffic is the read's
-    extra time at 4096 requests, it halves with the grid (256 rows) and doubles with it (64); if the
-    copy phase is, the three stay within the gather's spread."""
+    """The read at 64, 128 and 256 rows a block (the 16 KiB entry; at 256 also the wide one, 8
+    loads in flight a thread; the policy picks 128 on these rows). Every block scans the lengths
+    before its rows, so the grid sets the scan's L2 traffic (O(grid x batch): ~18 MB at 4096x64,
+    2048 blocks, beside the copy's ~140 MB through L2). If that traffic is the read's extra time at
+    4096 requests, it halves with the grid (256 rows) and doubles with it (64); if the copy phase
+    is, the rows a block change little."""
     flush = flush_buffer()
     for batch, mean in workloads:
         w = ee.Workload(batch, mean)
         fns = ours(w)
         want = torch.cat(fns["read"](), 1)
         layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
-        for tpc in (64, 128, 256):
-            fixed = layout._replace(shape=lambda n, tpc=tpc: (tpc, ""), launchers={})
-            fns[f"read {tpc}"] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens)
-            check_same(f"read {tpc}", torch.cat(fns[f"read {tpc}"](), 1), want, w.name)
+        for tpc, shape in ((64, ""), (128, ""), (256, ""), (256, "wide")):
+            name = f"read {tpc}{' wide' if shape else ''}"
+            fixed = layout._replace(shape=lambda n, tpc=tpc, shape=shape: (tpc, shape), launchers={})
+            fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens)
+            check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, 200)
         print(f"{w.name} (policy: {layout.shape(w.tokens)}): " + "  ".join(
