@@ -43,8 +43,10 @@ class Workload(pb.Batch):
                          seed=batch * 7 + mean, device=device)
         self.buf = pb.cache(self.num_blocks, RECORD, seed=batch, device=device, lazy=device != "cuda").view(
             self.num_blocks, -1)
-        self.lens_t = torch.tensor(self.lens, dtype=torch.int32, device=device)
-        self.loc = pb.slots(self.tokens, self.num_blocks, "paged", batch, device).to(torch.int32)
+        # int64 as SGLang 0.5.23 passes them: its read gets forward_batch.seq_lens, its write
+        # out_cache_loc (dsa_backend.py, dsa_indexer.py), both int64; the page table is int32
+        self.lens_t = torch.tensor(self.lens, dtype=torch.int64, device=device)
+        self.loc = pb.slots(self.tokens, self.num_blocks, "paged", batch, device).to(torch.int64)
         gen = torch.Generator(device=device).manual_seed(batch)
         self.k = torch.randint(0, 256, (self.tokens, 128), dtype=torch.uint8, device=device, generator=gen).view(
             torch.float8_e4m3fn)
