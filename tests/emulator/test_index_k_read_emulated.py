@@ -222,3 +222,78 @@ def test_index_k_read_index_fuzz(emu, debug, shape):
         regions = {n: (span(c[n])[0] - arena0, span(c[n])[1] - arena0) for n in ("buf", "sl", "tb", "k", "s", "err")}
         got = c["arena"].bytes
         assert torch.equal(got, expected), f"{first_difference(got, expected, regions)}: {c['desc']}"
+
+
+def far_case(seed: int):
+    """A batch of 600-9,000 requests, mostly empty, a few short requests spread over it (past
+    chunk 0, inside and past the first 4,096-request pass of skip_chunks) and hostile lengths
+    (negative, past int32, int32's max) among them, in an arena of guard bytes."""
+    rng = random.Random(f"index-k-read-far-{seed}")
+    ps, hd, nq = rng.choice([1, 16, 64]), 128, 1
+    batch = rng.choice([600, 4400, 4700, 9000])
+    lt, pt = rng.choice([torch.int32, torch.int64]), rng.choice([torch.int32, torch.int64])
+    lens = [0] * batch
+    for r in rng.sample(range(batch), 40):
+        lens[r] = rng.randint(1, 6)
+    # int64: also values whose low word is a small length (2^32 + 3, -2^32 + 2): the high word counts
+    bad = [-1, -2**31] + ([2**31, 2**40, -2**40, 2**32 + 3, -2**32 + 2] if lt == torch.int64 else [])
+    for r in rng.sample(range(batch), 6):
+        lens[r] = rng.choice(bad + [2**31 - 1] if rng.random() < 0.2 else bad)
+    num_pages, max_pages = rng.randint(2, 4), 1  # the arena holds 9,000 int64 lengths and ids
+    pages = [[rng.randrange(num_pages) for _ in range(max_pages)] for _ in range(batch)]
+    num_rows = sum(n for n in lens if 0 <= n <= 2**31 - 1 and n < 100) + rng.choice([0, 5])
+    a = Arena()
+    stride = hd + 4 * nq
+    bb = a.alloc(num_pages * ps * stride)
+    bb.copy_(torch.randint(0, 256, bb.shape, dtype=torch.uint8))
+    sl = a.alloc(batch * lt.itemsize).view(lt)
+    sl.copy_(torch.tensor(lens, dtype=lt))
+    tb = a.alloc(batch * max_pages * pt.itemsize).view(pt).view(batch, max_pages)
+    tb.copy_(torch.tensor(pages, dtype=pt))
+    k = a.alloc(num_rows * hd).view(num_rows, hd)
+    s = a.alloc(num_rows * 4 * nq).view(num_rows, 4 * nq)
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    return dict(arena=a, buf=bb.view(num_pages, ps * stride), sl=sl, tb=tb, k=k, s=s, err=err, lens=lens,
+                pages=pages, num_rows=num_rows, ps=ps, hd=hd, nq=nq, tpc=rng.choice([8, 37, 128]),
+                desc=f"seed {seed}: batch {batch} {lt} {pt} rows {num_rows} page {ps} "
+                     f"lens {[(r, n) for r, n in enumerate(lens) if n]}")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
+@pytest.mark.parametrize("shape", ["", "wide"])
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_blocks_far_into_a_large_batch_find_their_rows(emu, debug, shape):
+    """Blocks whose rows lie far into a batch of many chunks (the scan's later chunks, up to 35):
+    every byte as the reference has it, hostile lengths counted as 0 (an int64 length whose low
+    word alone is a valid length too), nothing read or written outside the tensors; debug mode
+    reports."""
+    cases = [far_case(seed) for seed in range(8)]
+    launches = []
+    for c in cases:
+        plan = op.plan_read(c["buf"], c["sl"], c["tb"], c["ps"], c["hd"], c["hd"] // c["nq"])
+        fields = call_fields(plan, c["buf"].data_ptr(), c["k"].data_ptr(), c["s"].data_ptr(), c["sl"].data_ptr(),
+                             c["tb"].data_ptr(), c["num_rows"], c["tpc"])
+        c["before"] = c["arena"].bytes.clone()
+        vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
+        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape), spec.grid(c["num_rows"], c["tpc"]),
+                               pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),
+                               [span(c["buf"]), span(c["sl"]), span(c["tb"])]))
+    for c, outcome in zip(cases, run_isolated(emu, launches)):
+        problem = launch_problem(*outcome)
+        assert problem is None, f"{problem}: {c['desc']}"
+        expected = c["before"].clone()
+        want_k, want_s = reference(c["buf"], c["lens"], c["pages"], c["num_rows"], c["ps"], c["hd"], c["nq"])
+        arena0 = c["arena"].bytes.data_ptr()
+        for name, want in (("k", want_k), ("s", want_s)):
+            lo = c[name].data_ptr() - arena0
+            expected[lo: lo + want.numel()] = want.view(-1)
+        if debug:
+            lo = c["err"].data_ptr() - arena0
+            expected[lo: lo + 32] = c["err"].view(torch.uint8)
+            assert int(c["err"][0]) in (11, 12, 13, 14), c["desc"]  # every case has a bad length
+        else:
+            assert int(c["err"][0]) == 0
+        regions = {n: (span(c[n])[0] - arena0, span(c[n])[1] - arena0) for n in ("buf", "sl", "tb", "k", "s", "err")}
+        got = c["arena"].bytes
+        assert torch.equal(got, expected), f"{first_difference(got, expected, regions)}: {c['desc']}"
