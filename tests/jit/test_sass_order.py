@@ -103,16 +103,17 @@ READ_ENTRIES = [(m, e) for m in index_k_read.MODULES.values() for e in m.kernels
 _REGISTER = re.compile(r"\bR(\d+)\b")
 
 
-def loads_before_first_wait(code: list[tuple[str, str]]) -> int:
-    """How many index loads issue after the entry's first one (the lengths') and before any
-    instruction reads the register it wrote: the warp waits there for that DRAM round trip."""
+def loads_before_first_wait(code: list[tuple[str, str]], k: int = 0, after: int | None = None) -> int:
+    """How many index loads issue after the entry's load number ``after`` (default ``k``; 0: the
+    first, the lengths') and before any instruction reads the register that load ``k`` wrote: the
+    warp waits there for that DRAM round trip."""
     loads = [i for i, (op, _) in enumerate(code) if op.startswith("LDG.E") and op.endswith("CONSTANT")]
-    op, args = code[loads[0]]
+    op, args = code[loads[k]]
     first = int(_REGISTER.search(args).group(1))
     written = {first, first + 1} if ".64" in op else {first}
-    wait = next(i for i in range(loads[0] + 1, len(code))
+    wait = next(i for i in range(loads[k] + 1, len(code))
                 if any(int(r) in written for r in _REGISTER.findall(code[i][1].split(",", 1)[-1])))
-    return sum(loads[0] < i < wait for i in loads)
+    return sum(loads[k if after is None else after] < i < wait for i in loads)
 
 
 @pytest.mark.parametrize("module, entry", READ_ENTRIES, ids=[e for _, e in READ_ENTRIES])
