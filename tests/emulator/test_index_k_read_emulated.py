@@ -152,9 +152,30 @@ def test_debug_mode_reports_bad_values_and_their_rows_are_zero(emu, bad, code, s
 
 # --- index fuzz: hostile values inside guard bytes -------------------------------------------------
 
+def arena_case(lens, pages, lt, pt, num_pages: int, ps: int, num_rows: int, desc: str, hd: int = 128, nq: int = 1,
+               **extra) -> dict:
+    """A call's tensors in one arena of guard bytes: the buffer (random bytes), the lengths and the
+    page table as the given dtypes, the outputs and the debug error buffer."""
+    batch, max_pages = len(lens), len(pages[0]) if pages else 1
+    a = Arena()
+    stride = hd + 4 * nq
+    bb = a.alloc(num_pages * ps * stride)
+    bb.copy_(torch.randint(0, 256, bb.shape, dtype=torch.uint8))
+    sl = a.alloc(batch * lt.itemsize).view(lt)
+    sl.copy_(torch.tensor(lens, dtype=lt))
+    tb = a.alloc(batch * max_pages * pt.itemsize).view(pt).view(batch, max_pages)
+    tb.copy_(torch.tensor(pages, dtype=pt))
+    k = a.alloc(num_rows * hd).view(num_rows, hd)
+    s = a.alloc(num_rows * 4 * nq).view(num_rows, 4 * nq)
+    err = a.alloc(32).view(torch.int64)
+    err.zero_()
+    return dict(arena=a, buf=bb.view(num_pages, ps * stride), sl=sl, tb=tb, k=k, s=s, err=err, lens=lens,
+                pages=pages, num_rows=num_rows, ps=ps, hd=hd, nq=nq, desc=f"{desc} {lt} {pt} rows {num_rows}", **extra)
+
+
 def fuzz_case(seed: int):
     rng = random.Random(f"index-k-read-{seed}")
-    ps, hd, nq = rng.choice([1, 16, 64]), 128, 1
+    ps = rng.choice([1, 16, 64])
     batch = rng.choice([1, 3, 40, 270])
     num_pages, max_pages = rng.randint(1, 4), rng.randint(1, 3)
     lt, pt = rng.choice([torch.int32, torch.int64]), rng.choice([torch.int32, torch.int64])
@@ -165,39 +186,23 @@ def fuzz_case(seed: int):
     pool_p = [-plim - 1, -1, num_pages, num_pages + 1, 2**31 - 1, plim, 2**32 + 1 if pt == torch.int64 else 3]
     pages = [[rng.choice(pool_p) if rng.random() < 0.3 else rng.randrange(num_pages) for _ in range(max_pages)]
              for _ in range(batch)]
-    num_rows = rng.randint(1, 600)
-    a = Arena()
-    stride = hd + 4 * nq
-    bb = a.alloc(num_pages * ps * stride)
-    bb.copy_(torch.randint(0, 256, bb.shape, dtype=torch.uint8))
-    buf = bb.view(num_pages, ps * stride)
-    sl = a.alloc(batch * lt.itemsize).view(lt)
-    sl.copy_(torch.tensor(lens, dtype=lt))
-    tb = a.alloc(batch * max_pages * pt.itemsize).view(pt).view(batch, max_pages)
-    tb.copy_(torch.tensor(pages, dtype=pt))
-    k = a.alloc(num_rows * hd).view(num_rows, hd)
-    s = a.alloc(num_rows * 4 * nq).view(num_rows, 4 * nq)
-    err = a.alloc(32).view(torch.int64)
-    err.zero_()
-    return dict(arena=a, buf=buf, sl=sl, tb=tb, k=k, s=s, err=err, lens=lens, pages=pages, num_rows=num_rows,
-                ps=ps, hd=hd, nq=nq, desc=f"seed {seed}: batch {batch} {lt} {pt} rows {num_rows} lens {lens[:20]} "
-                                          f"pages {pages[:10]}")
+    return arena_case(lens, pages, lt, pt, num_pages, ps, rng.randint(1, 600),
+                      f"seed {seed}: batch {batch} lens {lens[:20]} pages {pages[:10]}")
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
-@pytest.mark.parametrize("shape", spec.SHAPES)
-@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
-def test_index_k_read_index_fuzz(emu, debug, shape):
-    cases = [fuzz_case(seed) for seed in range(40)]
+def run_in_arenas(emu, cases, shape: str, debug: bool, tpc_of) -> None:
+    """Launch each case (``tpc_of(case)`` rows a block) in its own process and check its whole
+    arena: every output byte as the reference has it, every other byte as it was (no stray write),
+    no load outside the buffer, lengths and page table; in debug mode a bad length or a row count
+    below the lengths' sum reported, else no error."""
     launches = []
     for c in cases:
         plan = op.plan_read(c["buf"], c["sl"], c["tb"], c["ps"], c["hd"], c["hd"] // c["nq"])
-        tpc = 8 if shape == "tiny" else spec.shape_for(c["hd"], c["num_rows"], 4)[0]
         fields = call_fields(plan, c["buf"].data_ptr(), c["k"].data_ptr(), c["s"].data_ptr(), c["sl"].data_ptr(),
-                             c["tb"].data_ptr(), c["num_rows"], tpc)
+                             c["tb"].data_ptr(), c["num_rows"], tpc_of(c))
         c["before"] = c["arena"].bytes.clone()
         vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
-        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape), spec.grid(c["num_rows"], tpc),
+        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape), spec.grid(c["num_rows"], tpc_of(c)),
                                pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),
                                [span(c["buf"]), span(c["sl"]), span(c["tb"])]))
     for c, outcome in zip(cases, run_isolated(emu, launches)):
@@ -224,12 +229,19 @@ def test_index_k_read_index_fuzz(emu, debug, shape):
         assert torch.equal(got, expected), f"{first_difference(got, expected, regions)}: {c['desc']}"
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
+@pytest.mark.parametrize("shape", spec.SHAPES)
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_index_k_read_index_fuzz(emu, debug, shape):
+    run_in_arenas(emu, [fuzz_case(seed) for seed in range(40)], shape, debug,
+                  lambda c: 8 if shape == "tiny" else spec.shape_for(c["hd"], c["num_rows"], 4)[0])
+
+
 def far_case(seed: int):
-    """A batch of 600-9,000 requests, mostly empty, a few short requests spread over it (past
-    chunk 0, inside and past the first 4,096-request pass of skip_chunks) and hostile lengths
-    (negative, past int32, int32's max) among them, in an arena of guard bytes."""
+    """A batch of 600-9,000 requests, mostly empty, a few short requests spread over it (the scan's
+    later chunks) and hostile lengths (negative, past int32, int32's max) among them."""
     rng = random.Random(f"index-k-read-far-{seed}")
-    ps, hd, nq = rng.choice([1, 16, 64]), 128, 1
+    ps = rng.choice([1, 16, 64])
     batch = rng.choice([600, 4400, 4700, 9000])
     lt, pt = rng.choice([torch.int32, torch.int64]), rng.choice([torch.int32, torch.int64])
     lens = [0] * batch
@@ -239,25 +251,12 @@ def far_case(seed: int):
     bad = [-1, -2**31] + ([2**31, 2**40, -2**40, 2**32 + 3, -2**32 + 2] if lt == torch.int64 else [])
     for r in rng.sample(range(batch), 6):
         lens[r] = rng.choice(bad + [2**31 - 1] if rng.random() < 0.2 else bad)
-    num_pages, max_pages = rng.randint(2, 4), 1  # the arena holds 9,000 int64 lengths and ids
-    pages = [[rng.randrange(num_pages) for _ in range(max_pages)] for _ in range(batch)]
-    num_rows = sum(n for n in lens if 0 <= n <= 2**31 - 1 and n < 100) + rng.choice([0, 5])
-    a = Arena()
-    stride = hd + 4 * nq
-    bb = a.alloc(num_pages * ps * stride)
-    bb.copy_(torch.randint(0, 256, bb.shape, dtype=torch.uint8))
-    sl = a.alloc(batch * lt.itemsize).view(lt)
-    sl.copy_(torch.tensor(lens, dtype=lt))
-    tb = a.alloc(batch * max_pages * pt.itemsize).view(pt).view(batch, max_pages)
-    tb.copy_(torch.tensor(pages, dtype=pt))
-    k = a.alloc(num_rows * hd).view(num_rows, hd)
-    s = a.alloc(num_rows * 4 * nq).view(num_rows, 4 * nq)
-    err = a.alloc(32).view(torch.int64)
-    err.zero_()
-    return dict(arena=a, buf=bb.view(num_pages, ps * stride), sl=sl, tb=tb, k=k, s=s, err=err, lens=lens,
-                pages=pages, num_rows=num_rows, ps=ps, hd=hd, nq=nq, tpc=rng.choice([8, 37, 128]),
-                desc=f"seed {seed}: batch {batch} {lt} {pt} rows {num_rows} page {ps} "
-                     f"lens {[(r, n) for r, n in enumerate(lens) if n]}")
+    num_pages = rng.randint(2, 4)
+    pages = [[rng.randrange(num_pages)] for _ in range(batch)]  # one column: the arena holds 9,000 int64s of each
+    num_rows = sum(n for n in lens if 0 <= n <= I32_MAX and n < 100) + rng.choice([0, 5])
+    return arena_case(lens, pages, lt, pt, num_pages, ps, num_rows,
+                      f"seed {seed}: batch {batch} page {ps} lens {[(r, n) for r, n in enumerate(lens) if n]}",
+                      tpc=rng.choice([8, 37, 128]))
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
@@ -267,33 +266,5 @@ def test_blocks_far_into_a_large_batch_find_their_rows(emu, debug, shape):
     """Blocks whose rows lie far into a batch of many chunks (the scan's later chunks, up to 35):
     every byte as the reference has it, hostile lengths counted as 0 (an int64 length whose low
     word alone is a valid length too), nothing read or written outside the tensors; debug mode
-    reports."""
-    cases = [far_case(seed) for seed in range(8)]
-    launches = []
-    for c in cases:
-        plan = op.plan_read(c["buf"], c["sl"], c["tb"], c["ps"], c["hd"], c["hd"] // c["nq"])
-        fields = call_fields(plan, c["buf"].data_ptr(), c["k"].data_ptr(), c["s"].data_ptr(), c["sl"].data_ptr(),
-                             c["tb"].data_ptr(), c["num_rows"], c["tpc"])
-        c["before"] = c["arena"].bytes.clone()
-        vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
-        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape), spec.grid(c["num_rows"], c["tpc"]),
-                               pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),
-                               [span(c["buf"]), span(c["sl"]), span(c["tb"])]))
-    for c, outcome in zip(cases, run_isolated(emu, launches)):
-        problem = launch_problem(*outcome)
-        assert problem is None, f"{problem}: {c['desc']}"
-        expected = c["before"].clone()
-        want_k, want_s = reference(c["buf"], c["lens"], c["pages"], c["num_rows"], c["ps"], c["hd"], c["nq"])
-        arena0 = c["arena"].bytes.data_ptr()
-        for name, want in (("k", want_k), ("s", want_s)):
-            lo = c[name].data_ptr() - arena0
-            expected[lo: lo + want.numel()] = want.view(-1)
-        if debug:
-            lo = c["err"].data_ptr() - arena0
-            expected[lo: lo + 32] = c["err"].view(torch.uint8)
-            assert int(c["err"][0]) in (11, 12, 13, 14), c["desc"]  # every case has a bad length
-        else:
-            assert int(c["err"][0]) == 0
-        regions = {n: (span(c[n])[0] - arena0, span(c[n])[1] - arena0) for n in ("buf", "sl", "tb", "k", "s", "err")}
-        got = c["arena"].bytes
-        assert torch.equal(got, expected), f"{first_difference(got, expected, regions)}: {c['desc']}"
+    reports (every case has a bad length)."""
+    run_in_arenas(emu, [far_case(seed) for seed in range(8)], shape, debug, lambda c: c["tpc"])
