@@ -109,7 +109,7 @@ def raw_launches(layout, buf, lens, pages, n: int) -> dict:
 def calls(device: str) -> dict:
     n = BATCH * LENGTH
     buf = torch.zeros(100, 64 * 132, dtype=torch.uint8, device=device)
-    lens = torch.full((BATCH,), LENGTH, dtype=torch.int32, device=device)
+    lens = torch.full((BATCH,), LENGTH, dtype=torch.int64, device=device)  # int64 and int32 ids: SGLang's
     pages = torch.arange(BATCH * PAGES, dtype=torch.int32, device=device).view(BATCH, PAGES).contiguous()
     sizes = (64, 128, 128)
     sg.get_index_k_scale_buffer(buf, lens, pages, n, LENGTH)  # the layout remembered
