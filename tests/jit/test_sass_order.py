@@ -136,3 +136,22 @@ def test_a_writes_slot_and_its_bytes_share_one_round_trip(sass, module, entry):
     the slot, so a small write is one DRAM round trip before its store; loaded after the slot's
     checks, as they were, they were two."""
     assert loads_before_first_wait(sass(module)[entry]) >= 1, entry
+
+
+# The 16-byte entries (an aligned buffer and outputs: what torch and SGLang allocate). In the 8- and
+# 4-byte entries ptxas interleaves the pass's loads with their sums (6 loads a round trip, sm_90).
+SKIP_ENTRIES = [(m, e) for m, e in READ_ENTRIES if not e.endswith("_tiny") and e.startswith("index_k_read_v16")]
+
+
+@pytest.mark.parametrize("module, entry", SKIP_ENTRIES, ids=[e for _, e in SKIP_ENTRIES])
+def test_the_reads_skip_pass_loads_its_lengths_in_one_round_trip(sass, module, entry):
+    """The index-K read's skip pass (skip_chunks: a block far into a large batch sums 16 chunks of
+    lengths at once) issues its 16 32-bit length loads before it uses any: one round trip a pass.
+    With 64-bit or predicated loads ptxas used each value right after its load, a round trip a
+    load. The pass's loads are the 16 before its first butterfly shuffle (its warp sums)."""
+    code = sass(module)[entry]
+    bfly = next(i for i, (op, _) in enumerate(code) if op.startswith("SHFL.BFLY"))
+    loads = [i for i, (op, _) in enumerate(code) if op.startswith("LDG.E") and op.endswith("CONSTANT")]
+    first = [i for i in loads if i < bfly][-16]
+    assert all(code[i][0] == "LDG.E.CONSTANT" for i in loads if first <= i < bfly), entry  # 32-bit words
+    assert loads_before_first_wait(code, loads.index(first)) >= 15, entry
