@@ -46,16 +46,23 @@ struct V4Lane {
     uint4 a, b;
 };
 
+// NoPE lane l < 28 of a token: its 16 codes (a) and their scale byte (s), from the token's record
+// (rec) in the page at base.
+__device__ __forceinline__ void load_nope(const DsV4GatherParams& p, const u8* base, const u8* rec, int slot,
+                                          int lane, uint4& a, u32& s) {
+    a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
+    const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
+                                                           (i64)slot * NG_V4_SCALES));
+    const int k = lane >> 2;  // 16 values a lane, 64 a scale
+    s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
+}
+
 __device__ __forceinline__ void load_lane(const DsV4GatherParams& p, int page, int slot, int lane, V4Lane& x,
                                           u32& s) {
     const u8* base = p.cache + (i64)page * p.page_stride;
     const u8* rec = base + (i64)slot * NG_V4_RECORD;
     if (lane < 28) {
-        x.a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
-        const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
-                                                               (i64)slot * NG_V4_SCALES));
-        const int k = lane >> 2;  // 16 values a lane, 64 a scale
-        s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
+        load_nope(p, base, rec, slot, lane, x.a, s);
     } else {
         const uint4* r = reinterpret_cast<const uint4*>(rec + 448) + 2 * (lane - 28);
         x.a = __ldg(r);
@@ -163,13 +170,7 @@ __device__ __forceinline__ void load_lane_fp8(const DsV4GatherParams& p, int pag
     const u8* base = p.cache + (i64)page * p.page_stride;
     const u8* rec = base + (i64)slot * NG_V4_RECORD;
     s = 0;
-    if (lane < 28) {
-        x.a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
-        const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
-                                                               (i64)slot * NG_V4_SCALES));
-        const int k = lane >> 2;  // 16 values a lane, 64 a scale
-        s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
-    }
+    if (lane < 28) load_nope(p, base, rec, slot, lane, x.a, s);
     x.b.x = __ldg(reinterpret_cast<const u32*>(rec + 448) + lane);
 }
 
