@@ -17,7 +17,7 @@ import pytest
 
 from helpers.nvidia_files import nvidia_file
 from nvrtc_gather.jit import compiler
-from nvrtc_gather.kernels import gather, index_k_read, indexer_k_scatter
+from nvrtc_gather.kernels import dsv4_gather, gather, index_k_read, indexer_k_scatter
 
 WARP_ROW_ENTRIES = [(m, e) for m in (*gather.MODULES.values(), *index_k_read.MODULES.values())
                     for e in m.kernels if e.endswith("_tiny")]
@@ -155,3 +155,10 @@ def test_the_reads_skip_pass_loads_its_lengths_in_one_round_trip(sass, module, e
     first = [i for i in loads if i < bfly][-16]
     assert all(code[i][0] == "LDG.E.CONSTANT" for i in loads if first <= i < bfly), entry  # 32-bit words
     assert loads_before_first_wait(code, loads.index(first)) >= 15, entry
+def test_vllms_form_loads_a_rows_block_id_beside_the_lengths(sass):
+    """vLLM's DeepSeek-V4 form without gather_lens (its compressed-cache call): a row's position is
+    its index, so its block id is loaded before anything waits for the request's length (its
+    first two loads are seq_lens and gather_lens, in either order; the third the block id), and
+    the record is two DRAM round trips from the start instead of three."""
+    code = sass(dsv4_gather.PAGED_MODULE)[dsv4_gather.PAGED_ENTRY]
+    assert max(loads_before_first_wait(code, k, after=1) for k in (0, 1)) >= 1
