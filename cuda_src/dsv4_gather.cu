@@ -46,16 +46,23 @@ struct V4Lane {
     uint4 a, b;
 };
 
+// NoPE lane l < 28 of a token: its 16 codes (a) and their scale byte (s), from the token's record
+// (rec) in the page at base.
+__device__ __forceinline__ void load_nope(const DsV4GatherParams& p, const u8* base, const u8* rec, int slot,
+                                          int lane, uint4& a, u32& s) {
+    a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
+    const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
+                                                           (i64)slot * NG_V4_SCALES));
+    const int k = lane >> 2;  // 16 values a lane, 64 a scale
+    s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
+}
+
 __device__ __forceinline__ void load_lane(const DsV4GatherParams& p, int page, int slot, int lane, V4Lane& x,
                                           u32& s) {
     const u8* base = p.cache + (i64)page * p.page_stride;
     const u8* rec = base + (i64)slot * NG_V4_RECORD;
     if (lane < 28) {
-        x.a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
-        const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
-                                                               (i64)slot * NG_V4_SCALES));
-        const int k = lane >> 2;  // 16 values a lane, 64 a scale
-        s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
+        load_nope(p, base, rec, slot, lane, x.a, s);
     } else {
         const uint4* r = reinterpret_cast<const uint4*>(rec + 448) + 2 * (lane - 28);
         x.a = __ldg(r);
@@ -163,13 +170,7 @@ __device__ __forceinline__ void load_lane_fp8(const DsV4GatherParams& p, int pag
     const u8* base = p.cache + (i64)page * p.page_stride;
     const u8* rec = base + (i64)slot * NG_V4_RECORD;
     s = 0;
-    if (lane < 28) {
-        x.a = __ldg(reinterpret_cast<const uint4*>(rec) + lane);
-        const uint2 row = __ldg(reinterpret_cast<const uint2*>(base + (i64)p.page_size * NG_V4_RECORD +
-                                                               (i64)slot * NG_V4_SCALES));
-        const int k = lane >> 2;  // 16 values a lane, 64 a scale
-        s = ((k < 4 ? row.x : row.y) >> (8 * (k & 3))) & 0xffu;
-    }
+    if (lane < 28) load_nope(p, base, rec, slot, lane, x.a, s);
     x.b.x = __ldg(reinterpret_cast<const u32*>(rec + 448) + lane);
 }
 
@@ -314,14 +315,29 @@ __device__ __forceinline__ void dsv4_flat_body(const DsV4GatherParams& p) {
 // vLLM's form: request r = block / tiles_per_req writes rows offset + i of out[r] for i in its
 // tile, i < g (g = gather_lens[r], or seq_lens[r] without gather_lens), from cache position
 // seq_lens[r] - g + i through block_table[r]. Rows it does not write stay untouched.
+// Without gather_lens (vLLM's compressed-cache call) row i's position is i whatever the length,
+// so its block id is loaded beside the length (a column inside block_table, used only once the
+// row is known to be the request's): the record is two round trips away instead of three.
 __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int r = (int)(blockIdx.x / (u64)p.tiles_per_req);
     const i64 i0 = (i64)(blockIdx.x - (u64)r * p.tiles_per_req) * NG_V4_ROWS;
-    const i64 seq = __ldg(reinterpret_cast<const i32*>(p.seq_lens) + r);
-    const i64 len = p.gather_lens ? (i64)__ldg(reinterpret_cast<const i32*>(p.gather_lens) + r) : seq;
-    if (i0 >= len) return;  // the whole block: past this request's rows (or len <= 0)
     const FastDiv by_block(p.page_size);
+    const i32* bt_row = reinterpret_cast<const i32*>(p.ids) + (i64)r * p.ids_stride;
+    // The lengths and the guesses are issued before any is waited for, each kept in its loaded type
+    // until then (a conversion right after a load made ptxas wait for it there: sm_90 SASS).
+    const i32 seq_value = ng_ldg_now(reinterpret_cast<const i32*>(p.seq_lens) + r);
+    const i32 len_value = p.gather_lens ? ng_ldg_now(reinterpret_cast<const i32*>(p.gather_lens) + r) : 0;
+    i32 guess[NG_V4_PASSES];  // without gather_lens: row i's block id
+#pragma unroll
+    for (int u = 0; u < NG_V4_PASSES; ++u) {
+        const i64 i = i0 + w + u * NG_V4_WARPS;
+        guess[u] = -1;
+        if (!p.gather_lens && i <= 0x7fffffff && i < p.max_blocks * p.page_size)  // column i / page_size exists
+            guess[u] = ng_ldg_now(bt_row + by_block((int)i));
+    }
+    const i64 seq = seq_value, len = p.gather_lens ? (i64)len_value : seq;
+    if (i0 >= len) return;  // the whole block: past this request's rows (or len <= 0)
     V4Lane x[NG_V4_PASSES];
     u32 s[NG_V4_PASSES];
     bool ok[NG_V4_PASSES];
@@ -344,7 +360,7 @@ __device__ __forceinline__ void dsv4_paged_body(const DsV4GatherParams& p) {
             if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_INDEX, i, r, j);
             continue;
         }
-        const int b = __ldg(reinterpret_cast<const i32*>(p.ids) + (i64)r * p.ids_stride + j);
+        const int b = p.gather_lens ? __ldg(bt_row + j) : guess[u];  // no gather_lens: pos = i, so j is the guess's column
         if (b < 0 || b >= p.num_pages) {
             if (lane == 0) ng_report(p.error, NG_ERR_BLOCK_ID, i, r, b);
             continue;

@@ -10,7 +10,9 @@
 //     <= INT32_MAX). Each of its rows that falls inside the chunk finds its request by a
 //     binary search of the chunk's prefix sums in shared memory, checks its page and parks
 //     (page, token in page) in shared memory (page -1: a zero row). The scan stops once
-//     it has passed the block's last row: early blocks read few lengths.
+//     it has passed the block's last row: early blocks read few lengths. A block whose rows lie
+//     past the first chunk of a batch of more than two chunks skips ahead (skip_chunks): it
+//     sums 16 chunks of lengths a round trip, not one, and scans from its own chunk.
 //  2. copy_tile (tile_copy.cuh) copies the values and scales, zeros for parked -1 rows.
 // Page ids are fetched alongside the first lengths where the row's request can be guessed, so
 // a small call's bytes are two DRAM round trips away instead of three: with one request each
@@ -76,6 +78,78 @@ __device__ __forceinline__ u32 length_of(const IndexKReadParams& p, u32 r) {
     return checked_length(p, r, x);
 }
 
+// Chunks of NG_THREADS requests one pass of skip_chunks sums (one round trip a pass): 16 of int32
+// lengths, 8 of int64 (16 registers of lengths a thread either way).
+template <typename LT> struct SkipChunks { static constexpr int N = sizeof(LT) == 4 ? 16 : 8; };
+static_assert(16 * (NG_THREADS / 32) + 16 + 1 <= NG_THREADS, "skip_chunks' words fit in s_inc");
+
+// Where a block's chunk scan goes on after its first chunk: from chunk `from` (carry: the rows
+// before it, at most row0, the block's first row), the last chunk whose requests start at or
+// before row0 (its rows before it in carry), or batch when every request ends at or before row0.
+// SkipChunks<LT>::N chunks a pass: thread t loads request t of each (coalesced), all before any
+// is used, so a block far into a large batch waits one round trip a pass instead of one a chunk.
+// Lengths count as the scan counts them (checked_length, without its reports: in debug mode block
+// 0 scans every chunk itself). s: N * NG_THREADS / 32 + N + 1 words of shared memory the caller
+// does not use meanwhile. Block-uniform; ends with a barrier.
+template <typename LT>
+__device__ __forceinline__ u32 skip_chunks(const IndexKReadParams& p, u32 row0, u32 from, u32* s, u32& carry) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 cap = 0x7fffffffu;
+    constexpr int N = SkipChunks<LT>::N;
+    u32* part = s;                           // [chunk][warp]: a warp's sum of its requests
+    u32* start = s + N * (NG_THREADS / 32);  // [chunk]: rows before it; [N]: after them all
+    for (u32 c0 = from; c0 < (u32)p.batch; c0 += N * NG_THREADS) {
+        // Each length as 32-bit words (an int64's low and high word), and past the batch the last
+        // length (ignored): unconditional 32-bit loads, all issued before any is used (with 64-bit
+        // or predicated loads ptxas used each at once, a round trip a load: sm_90 SASS).
+        u32 lo[N], hi[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const i64 e = (i64)min(c0 + k * NG_THREADS + threadIdx.x, (u32)p.batch - 1) * p.seq_lens_stride;
+            lo[k] = load_now<u32>(p.seq_lens, sizeof(LT) == 8 ? 2 * e : e);
+            hi[k] = sizeof(LT) == 8 ? load_now<u32>(p.seq_lens, 2 * e + 1) : 0u;
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            // checked_length's rule: a length outside [0, INT32_MAX] counts as 0
+            u32 t = c0 + k * NG_THREADS + threadIdx.x < (u32)p.batch && hi[k] == 0u && lo[k] <= 0x7fffffffu ? lo[k] : 0u;
+#pragma unroll
+            for (int d = 16; d; d >>= 1) t = min(t + (u32)__shfl_xor_sync(0xffffffffu, (int)t, d), cap);
+            if (lane == 0) part[k * (NG_THREADS / 32) + warp] = t;
+        }
+        __syncthreads();
+        if (warp == 0) {  // lane k < N: chunk k's rows, then the chunks' starts by a prefix sum
+            u32 t = 0;
+            if (lane < N) {
+#pragma unroll
+                for (int w = 0; w < NG_THREADS / 32; ++w) t = min(t + part[lane * (NG_THREADS / 32) + w], cap);
+            }
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const u32 y = (u32)__shfl_sync(0xffffffffu, (int)t, lane >= d ? lane - d : lane);
+                if (lane >= d) t = min(t + y, cap);
+            }
+            if (lane < N) start[lane + 1] = min(carry + t, cap);
+            if (lane == 0) start[0] = carry;
+        }
+        __syncthreads();
+        const u32 past = c0 + N * NG_THREADS;  // the pass's end (may pass batch)
+        if (start[N] <= row0 && past < (u32)p.batch) {  // row0 lies past the pass: on to the next
+            carry = start[N];
+            __syncthreads();  // start and part are rewritten by the next pass
+            continue;
+        }
+        int k = N - 1;  // the last chunk of the pass that exists and starts at or before row0
+        while (k > 0 && (c0 + (u32)k * NG_THREADS >= (u32)p.batch || start[k] > row0)) --k;
+        const u32 at = start[k];
+        const u32 found = start[N] <= row0 ? (u32)p.batch : c0 + (u32)k * NG_THREADS;
+        carry = start[N] <= row0 ? start[N] : at;
+        __syncthreads();
+        return found;
+    }
+    return (u32)p.batch;
+}
+
 // The first NG_THREADS (or 32) lengths' values as loaded, 0 past the batch: issued before the
 // page ids, and nothing waits for either until both are in flight.
 template <typename LT>
@@ -91,7 +165,7 @@ __device__ __forceinline__ int valid_page(i64 page, int num_pages) {
 template <int KVEC, int UNROLL, typename LT, typename PT>
 __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row; page -1 = a zero row
-    __shared__ u32 s_inc[NG_THREADS];   // the chunk's inclusive prefix sums (rows before included)
+    __shared__ u32 s_inc[NG_THREADS];   // the chunk's inclusive prefix sums (rows before included); skip_chunks' words
     __shared__ u32 s_warp[NG_THREADS / 32];
     __shared__ int s_win[NG_THREADS];   // the window of page ids (valid_page), with <= WINDOW_REQS requests
 
@@ -121,7 +195,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     if (wlog >= 0) s_win[tid] = valid_page((i64)guess, p.num_pages);  // -1 where nothing was loaded
 
     u32 carry = 0;  // rows of the requests before the chunk, saturated
-    for (u32 c0 = 0; c0 < (u32)p.batch; c0 += NG_THREADS) {
+    for (u32 c0 = 0; c0 < (u32)p.batch;) {
         const u32 r = c0 + tid;
         const u32 len = c0 ? length_of<LT, false>(p, r) : checked_length(p, r, (i64)len0);  // len0: 0 past the batch
         u32 chunk;
@@ -158,6 +232,11 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
         carry = stop;
         if (carry >= (u32)end && !read_all) break;  // every row of the block placed (uniform)
         __syncthreads();  // s_inc and s_warp are rewritten by the next chunk
+        c0 += NG_THREADS;
+        // A block whose rows lie past the first chunk, in a batch of more than two: skip to its chunk
+        // (s_inc is free until the next chunk rewrites it).
+        if (c0 == NG_THREADS && !read_all && (u32)p.batch > 2 * NG_THREADS && carry <= (u32)row0)
+            c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);
     }
     if (read_all && tid == 0 && (i64)carry > p.num_rows) ng_report(p.error, NG_ERR_LENGTH_SUM, carry, p.num_rows, 0);
     __syncthreads();

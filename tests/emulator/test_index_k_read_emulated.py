@@ -263,8 +263,9 @@ def far_case(seed: int):
 @pytest.mark.parametrize("shape", ["", "wide"])
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
 def test_blocks_far_into_a_large_batch_find_their_rows(emu, debug, shape):
-    """Blocks whose rows lie far into a batch of many chunks (the scan's later chunks, up to 35):
-    every byte as the reference has it, hostile lengths counted as 0 (an int64 length whose low
+    """Blocks whose rows lie far into a batch of many chunks (the scan's later chunks, up to 35),
+    which skip ahead 16 chunks a pass (8 with int64 lengths; skip_chunks): every byte as the
+    reference has it, hostile lengths counted as 0 (an int64 length whose low
     word alone is a valid length too), nothing read or written outside the tensors; debug mode
     reports (every case has a bad length)."""
     run_in_arenas(emu, [far_case(seed) for seed in range(8)], shape, debug, lambda c: c["tpc"])

@@ -17,7 +17,7 @@ import pytest
 
 from helpers.nvidia_files import nvidia_file
 from nvrtc_gather.jit import compiler
-from nvrtc_gather.kernels import gather, index_k_read, indexer_k_scatter
+from nvrtc_gather.kernels import dsv4_gather, gather, index_k_read, indexer_k_scatter
 
 WARP_ROW_ENTRIES = [(m, e) for m in (*gather.MODULES.values(), *index_k_read.MODULES.values())
                     for e in m.kernels if e.endswith("_tiny")]
@@ -136,3 +136,29 @@ def test_a_writes_slot_and_its_bytes_share_one_round_trip(sass, module, entry):
     the slot, so a small write is one DRAM round trip before its store; loaded after the slot's
     checks, as they were, they were two."""
     assert loads_before_first_wait(sass(module)[entry]) >= 1, entry
+
+
+# The 16-byte entries (an aligned buffer and outputs: what torch and SGLang allocate). In the 8- and
+# 4-byte entries ptxas interleaves the pass's loads with their sums (6 loads a round trip, sm_90).
+SKIP_ENTRIES = [(m, e) for m, e in READ_ENTRIES if not e.endswith("_tiny") and e.startswith("index_k_read_v16")]
+
+
+@pytest.mark.parametrize("module, entry", SKIP_ENTRIES, ids=[e for _, e in SKIP_ENTRIES])
+def test_the_reads_skip_pass_loads_its_lengths_in_one_round_trip(sass, module, entry):
+    """The index-K read's skip pass (skip_chunks: a block far into a large batch sums 16 chunks of
+    lengths at once) issues its 16 32-bit length loads before it uses any: one round trip a pass.
+    With 64-bit or predicated loads ptxas used each value right after its load, a round trip a
+    load. The pass's loads are the 16 before its first butterfly shuffle (its warp sums)."""
+    code = sass(module)[entry]
+    bfly = next(i for i, (op, _) in enumerate(code) if op.startswith("SHFL.BFLY"))
+    loads = [i for i, (op, _) in enumerate(code) if op.startswith("LDG.E") and op.endswith("CONSTANT")]
+    first = [i for i in loads if i < bfly][-16]
+    assert all(code[i][0] == "LDG.E.CONSTANT" for i in loads if first <= i < bfly), entry  # 32-bit words
+    assert loads_before_first_wait(code, loads.index(first)) >= 15, entry
+def test_vllms_form_loads_a_rows_block_id_beside_the_lengths(sass):
+    """vLLM's DeepSeek-V4 form without gather_lens (its compressed-cache call): a row's position is
+    its index, so its block id is loaded before anything waits for the request's length (its
+    first two loads are seq_lens and gather_lens, in either order; the third the block id), and
+    the record is two DRAM round trips from the start instead of three."""
+    code = sass(dsv4_gather.PAGED_MODULE)[dsv4_gather.PAGED_ENTRY]
+    assert max(loads_before_first_wait(code, k, after=1) for k in (0, 1)) >= 1
