@@ -141,6 +141,10 @@ def test_a_writes_slot_and_its_bytes_share_one_round_trip(sass, module, entry):
 # The 16-byte entries (an aligned buffer and outputs: what torch and SGLang allocate). In the 8- and
 # 4-byte entries ptxas interleaves the pass's loads with their sums (6 loads a round trip, sm_90).
 SKIP_ENTRIES = [(m, e) for m, e in READ_ENTRIES if not e.endswith("_tiny") and e.startswith("index_k_read_v16")]
+# The entry SGLang 0.5.23's read reaches (int64 lengths, int32 page table): one round trip with every
+# NVRTC measured. NVRTC 13.0's ptxas splits the other entries' passes (12, 14, 5 or 2 of the 16
+# loads before the first use; NOTES.md v22); 13.5's keeps all 16 together in every 16-byte entry.
+SGLANG_ENTRIES = ("index_k_read_v16_l64_p32",)
 
 
 @pytest.mark.parametrize("module, entry", SKIP_ENTRIES, ids=[e for _, e in SKIP_ENTRIES])
@@ -149,6 +153,8 @@ def test_the_reads_skip_pass_loads_its_lengths_in_one_round_trip(sass, module, e
     lengths at once) issues its 16 32-bit length loads before it uses any: one round trip a pass.
     With 64-bit or predicated loads ptxas used each value right after its load, a round trip a
     load. The pass's loads are the 16 before its first butterfly shuffle (its warp sums)."""
+    if entry not in SGLANG_ENTRIES and compiler.nvrtc_version() < (13, 5):
+        pytest.skip(f"NVRTC {compiler.nvrtc_version()}: its ptxas splits this entry's pass (measured with 13.0)")
     code = sass(module)[entry]
     bfly = next(i for i, (op, _) in enumerate(code) if op.startswith("SHFL.BFLY"))
     loads = [i for i, (op, _) in enumerate(code) if op.startswith("LDG.E") and op.endswith("CONSTANT")]
