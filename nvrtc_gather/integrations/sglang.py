@@ -263,6 +263,21 @@ def _set_args(pool, buf, loc, index_k, index_k_scale):
 def _get_hook(sglang_execute):
     @functools.wraps(sglang_execute)
     def execute(klass, *args, **kwargs):
+        if len(args) == 2 and len(kwargs) == 4 and not _ROCM:
+            # SGLang's own call, execute(pool, buf, page_indices=, seq_len_tensor=, seq_len_sum=,
+            # max_seq_len=), on a layout the read remembers: the read's fast path, nothing else.
+            pool, buf = args
+            try:
+                sizes = pool.index_page_size, pool.index_head_dim, pool.quant_block_size
+                seq_len_tensor, page_indices = kwargs["seq_len_tensor"], kwargs["page_indices"]
+                seq_len_sum, max_seq_len = kwargs["seq_len_sum"], kwargs["max_seq_len"]
+            except (AttributeError, KeyError):  # another pool or call: the general path below
+                pass
+            else:
+                out = index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
+                                                   *sizes)
+                if out is not None:
+                    return out
         try:
             pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len = _get_args(*args, **kwargs)
         except TypeError:  # another call (SGLang's older single-request one): its own path
@@ -333,8 +348,10 @@ def get_index_k_scale_buffer(buf: torch.Tensor, seq_len_tensor: torch.Tensor, pa
     ValueError naming the argument for the same values, the same bytes otherwise.
 
     Arguments are checked before anything is written (TypeError/ValueError naming the argument)."""
-    return index_k_read.read_index_k(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size,
-                                     index_head_dim, quant_block_size)
+    out = index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size,
+                                       index_head_dim, quant_block_size)
+    return out if out is not None else index_k_read.read_index_k(
+        buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim, quant_block_size)
 
 
 _set_layouts = fast_path.LayoutMemo()  # the set entry's remembered layouts (the scatter's), by the call's metadata
@@ -359,16 +376,15 @@ def set_index_k_scale_buffer(buf: torch.Tensor, loc: torch.Tensor, index_k: torc
 
 
 def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size) -> None:
-    try:
-        if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
-            raise TypeError  # 64.0 == 64 would find the int's layout: the checks refuse it by name
-        key = (buf.device, buf.dtype, buf.shape, buf.stride(), loc.device, loc.dtype, loc.shape, loc.stride(),
-               index_k.device, index_k.dtype, index_k.shape, index_k.stride(), index_k_scale.device,
-               index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), page_size, index_head_dim,
-               quant_block_size, index_k_scale.is_neg())  # a negative view of the scales: the checks
-        layout = _set_layouts.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable sizes, no strides: named below
-        key = layout = None
+    sizes = page_size, index_head_dim, quant_block_size
+    check, last_sizes, layout = _set_layouts.last
+    if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
+        layout = None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
+    elif not check(buf, loc, index_k, index_k_scale) or last_sizes != sizes:
+        try:
+            layout = _set_layouts.find(_set_key(buf, loc, index_k, index_k_scale, sizes))
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable sizes, no strides: named below
+            layout = None
     if layout is not None and indexer_k_scatter_op.run_remembered(
             layout, index_k.data_ptr(), index_k_scale.data_ptr(), loc.data_ptr(), buf.data_ptr()):
         return
@@ -384,8 +400,17 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
         indexer_k_scatter(index_k, index_k_scale, kv_cache, loc)
         return
     layout = indexer_k_scatter_op.launch_planned(plan)
-    if key is not None and layout is not None:
-        _set_layouts.remember(key, layout)
+    if layout is not None:
+        _set_layouts.remember(_set_key(buf, loc, index_k, index_k_scale, sizes), layout,
+                              (buf, loc, index_k, index_k_scale), sizes)
+
+
+def _set_key(buf, loc, index_k, index_k_scale, sizes) -> tuple:
+    """A set call's metadata: what its layout (and so every check but the pointers') depends on."""
+    return (buf.device, buf.dtype, buf.shape, buf.stride(), loc.device, loc.dtype, loc.shape, loc.stride(),
+            index_k.device, index_k.dtype, index_k.shape, index_k.stride(), index_k_scale.device,
+            index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), sizes,
+            index_k_scale.is_neg())  # a negative view of the scales: the checks
 
 
 def _check_rows(loc, index_k, index_k_scale, index_head_dim: int, nq: int) -> None:

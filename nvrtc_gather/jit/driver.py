@@ -267,7 +267,11 @@ class _Raw:
         self.ctx_get_current = lib.cuCtxGetCurrent
         self.ctx_push = lib.cuCtxPushCurrent
         self.ctx_pop = lib.cuCtxPopCurrent
-        self.launch_ex = lib.cuLaunchKernelEx
+        # The launch keeps the GIL, as torch's own launches do (a CDLL call releases and retakes
+        # it around the driver call).
+        launch = ctypes.PyDLL(LIBRARY).cuLaunchKernelEx
+        launch.restype, launch.argtypes = ctypes.c_int, _SIGNATURES["cuLaunchKernelEx"][1:]
+        self.launch_ex = launch
 
 
 @lru_cache(maxsize=None)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
+
 from ..jit import runtime
 
 
@@ -36,18 +38,83 @@ class LaunchConfig(NamedTuple):
     fields: dict   # the op's struct_fields(plan): every struct field but the error buffer, by name
 
 
+def _metadata_check_factory():
+    """``make(tensors)``: a C-level check that later tensors have ``tensors``' metadata, where
+    this torch's TensorGuards (what torch.compile's guards are built on) behaves as relied on:
+    the returned ``check(*tensors)`` is True only for tensors of the same Python type, dispatch
+    keys (device type, negative/conjugate views), dtype, device index, requires_grad, sizes and
+    strides. Probed once; None where anything differs (the memo's dict alone serves then).
+    TensorGuards aborts the process on a nested tensor (a C++ exception it does not catch, torch
+    2.13): the check refuses those first, in Python."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return None
+
+    def make(tensors):
+        guard = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                             dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+        if len(tensors) == 3:
+            return lambda a, b, c: not (a.is_nested or b.is_nested or c.is_nested) and guard(a, b, c)
+        if len(tensors) == 4:
+            return lambda a, b, c, d: not (a.is_nested or b.is_nested or c.is_nested or d.is_nested) and \
+                guard(a, b, c, d)
+        if len(tensors) == 5:
+            return lambda a, b, c, d, e: not (a.is_nested or b.is_nested or c.is_nested or d.is_nested or
+                                              e.is_nested) and guard(a, b, c, d, e)
+        return lambda *ts: not any(t.is_nested for t in ts) and guard(*ts)
+
+    try:
+        base = torch.zeros(2, 3)
+        check = make((base,))
+        others = (torch.zeros(3, 2), torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2).t(),
+                  torch.zeros(2, 3, device="meta"), torch.zeros(2, 3)._neg_view(), torch.nn.Parameter(base),
+                  torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3, 1))
+        works = check(torch.ones(2, 3)) is True and not any(check(t) for t in others)
+    except Exception:  # noqa: BLE001  another signature or behaviour: not relied on
+        return None
+    return make if works else None
+
+
+_make_check = _metadata_check_factory()
+_NEVER = (lambda *tensors: False, None, None)
+
+
 class LayoutMemo(dict):
-    """Layouts by key; ``get`` is dict's own (the hot path). Bounded: cleared when full, so a
-    process that sees ever new shapes does not grow without limit."""
+    """Layouts by key, bounded: cleared when full, so a process that sees ever new shapes does
+    not grow without limit. ``last`` is ``(check, others, layout)`` of the layout found last:
+    ``check(*tensors)`` (torch's C-level metadata check, built once per layout) and ``others ==``
+    the call's other key parts stand for building the key and looking it up (0.3 against 0.9 µs
+    for three tensors on the CI machine). An op reads ``last`` first and on a miss ``find``s
+    the key; its fast path accepts the same calls either way. ``check`` raises AttributeError
+    for a non-tensor (as building the key does)."""
 
     def __init__(self, max_size: int = 256):
         super().__init__()
         self.max_size = max_size
+        self.last = _NEVER
+        self._checks = {}
 
-    def remember(self, key, layout) -> None:
+    def remember(self, key, layout, tensors: tuple = (), others=None) -> None:
+        """``layout`` under ``key``, the key of a call with ``tensors`` (their metadata is in
+        ``key``) and non-tensor key parts ``others``."""
         if len(self) >= self.max_size:
             self.clear()
+            self._checks.clear()
         self[key] = layout
+        if tensors and _make_check is not None:
+            check = _make_check(tensors)
+            self._checks[key] = check, others
+            self.last = check, others, layout
+
+    def find(self, key):
+        """The layout under ``key`` (None: none), now ``last``."""
+        layout = self.get(key)
+        if layout is not None:
+            found = self._checks.get(key)
+            if found is not None:
+                self.last = found[0], found[1], layout
+        return layout
 
 
 def layout_key3(a, b, c) -> tuple:

@@ -156,7 +156,8 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
     out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)
     if out is None:  # buf is aligned: only an allocator handing out unaligned memory gets here
         raise ValueError("dst: torch.empty returned outputs that are not 4-byte aligned")
-    _layouts.remember(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size), layout)
+    _layouts.remember(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size), layout,
+                      (buf, seq_len_tensor, page_indices), (page_size, index_head_dim, quant_block_size))
     return out
 
 
@@ -173,13 +174,16 @@ def read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
     (its layout remembered; only the host ints and the pointers are checked here), else None:
     the caller runs the full checks, which accept exactly what this accepts. SGLang's hook calls
     it first, ahead of its own checks of the buffer, which a remembered layout has passed."""
-    try:
-        if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
-            return None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
-        layout = _layouts.get(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size))
-    # Not tensors, unhashable sizes, tensors without strides (sparse CSR, nested): the checks name them.
-    except (AttributeError, TypeError, RuntimeError):
-        return None
+    if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
+        return None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
+    check, sizes, layout = _layouts.last
+    if not check(buf, seq_len_tensor, page_indices) or sizes != (page_size, index_head_dim, quant_block_size):
+        try:
+            layout = _layouts.find(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim,
+                                        quant_block_size))
+        # Not tensors, unhashable sizes, tensors without strides (sparse CSR, nested): the checks name them.
+        except (AttributeError, TypeError, RuntimeError):
+            return None
     if layout is None or type(seq_len_sum) is not int or not 0 <= seq_len_sum <= MAX_ROWS or \
             type(max_seq_len) is not int or not 0 <= max_seq_len <= layout.max_tokens:
         return None

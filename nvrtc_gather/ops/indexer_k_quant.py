@@ -232,14 +232,14 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return library.traced("indexer_k_quant_and_cache", k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
-    layout = key = None
+    layout = None
     if type(quant_block_size) is int:  # a bool or an int-like object takes the full checks
-        try:
-            key = (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt,
-                   k.is_neg())  # a float k may be a negative view (of a complex's .imag): full checks
-            layout = _layouts.get(key)
-        except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
-            key = None
+        check, options, layout = _layouts.last
+        if not check(k, kv_cache, slot_mapping) or options != (quant_block_size, scale_fmt):
+            try:
+                layout = _layouts.find(_key(k, kv_cache, slot_mapping, quant_block_size, scale_fmt))
+            except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
+                layout = None
     if layout is not None:  # the fast path: only the pointer checks
         k_p, sm_p, kv_p = k.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
         if not kv_p & 3 and not k_p % layout.element_size and \
@@ -255,8 +255,14 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         return
     layout = _layout(plan)
     _run(layout, plan.k_ptr, plan.slot_ptr, plan.kv_ptr)
-    if key is not None:
-        _layouts.remember(key, layout)
+    if type(quant_block_size) is int:
+        _layouts.remember(_key(k, kv_cache, slot_mapping, quant_block_size, scale_fmt), layout,
+                          (k, kv_cache, slot_mapping), (quant_block_size, scale_fmt))
+
+
+def _key(k, kv_cache, slot_mapping, quant_block_size, scale_fmt) -> tuple:
+    return (layout_key3(k, kv_cache, slot_mapping), quant_block_size, scale_fmt,
+            k.is_neg())  # a float k may be a negative view (of a complex's .imag): full checks
 
 
 def prepared(k, kv_cache, slot_mapping, quant_block_size, scale_fmt, *, module=None, shape=None):

@@ -223,13 +223,12 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
     anything. Two rows for one slot: which lands is unspecified."""
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return library.traced("indexer_k_scatter", k, k_scale, kv_cache, slot_mapping)
-    layout = key = None
-    try:
-        key = (layout_key4(k, k_scale, kv_cache, slot_mapping),
-               k_scale.is_neg())  # fp32 scales may be a negative view (of a complex's .imag): full checks
-        layout = _layouts.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
-        key = None
+    check, _, layout = _layouts.last
+    if not check(k, k_scale, kv_cache, slot_mapping):
+        try:
+            layout = _layouts.find(_key(k, k_scale, kv_cache, slot_mapping))
+        except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
+            layout = None
     if layout is not None and run_remembered(layout, k.data_ptr(), k_scale.data_ptr(), slot_mapping.data_ptr(),
                                              kv_cache.data_ptr()):  # the fast path: only the pointer checks
         return
@@ -238,8 +237,13 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
         scatter_torch(plan, k, k_scale, kv_cache, slot_mapping)
         return
     layout = launch_planned(plan)
-    if key is not None and layout is not None:
-        _layouts.remember(key, layout)
+    if layout is not None:
+        _layouts.remember(_key(k, k_scale, kv_cache, slot_mapping), layout, (k, k_scale, kv_cache, slot_mapping))
+
+
+def _key(k, k_scale, kv_cache, slot_mapping) -> tuple:
+    return (layout_key4(k, k_scale, kv_cache, slot_mapping),
+            k_scale.is_neg())  # fp32 scales may be a negative view (of a complex's .imag): full checks
 
 
 def scatter_fake(k, k_scale, kv_cache, slot_mapping) -> None:

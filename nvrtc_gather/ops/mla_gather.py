@@ -236,13 +236,15 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return library.traced("cp_gather_and_upconvert_fp8_kv_cache", src_cache, dst, block_table, workspace_starts,
                               batch_size, seq_starts)
-    key = layout = None
+    layout = None
     if type(batch_size) is int:
-        try:
-            key = _key(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
-            layout = _layouts.get(key)
+        check, options, layout = _layouts.last
+        try:  # ``last`` holds calls without seq_starts only
+            if seq_starts is not None or options != batch_size or \
+                    not check(src_cache, dst, block_table, workspace_starts):
+                layout = _layouts.find(_key(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts))
         except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
-            key = None
+            layout = None
     if layout is not None:  # the fast path: only the pointer checks
         src_p, dst_p, bt_p, ws_p = src_cache.data_ptr(), dst.data_ptr(), block_table.data_ptr(), workspace_starts.data_ptr()
         seq_p = seq_starts.data_ptr() if seq_starts is not None else 0
@@ -258,8 +260,9 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache: torch.Tensor, dst: torch.Ten
         return
     layout = _layout(plan)
     _run(layout, plan.src_ptr, plan.dst_ptr, plan.bt_ptr, plan.ws_ptr, plan.seq_ptr)
-    if key is not None:
-        _layouts.remember(key, layout)
+    tensors = (src_cache, dst, block_table, workspace_starts)
+    _layouts.remember(_key(*tensors, batch_size, seq_starts), layout, tensors if seq_starts is None else (),
+                      batch_size)
 
 
 def prepared(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None, *, module=None,

@@ -301,13 +301,13 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return library.traced("concat_and_cache_mla", kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
                               skip_scale, ds_scale_rule)
-    key = layout = None
-    try:
-        key = (fast_path.layout_key5(kv_c, k_pe, kv_cache, slot_mapping, scale), kv_cache_dtype, skip_scale,
-               ds_scale_rule, kv_c.is_neg() or k_pe.is_neg() or scale.is_neg())  # negative views: full checks
-        layout = _layouts.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: plan_write says which
-        key = None
+    check, options, layout = _layouts.last
+    if not check(kv_c, k_pe, kv_cache, slot_mapping, scale) or options != (kv_cache_dtype, skip_scale, ds_scale_rule):
+        try:
+            layout = _layouts.find(_key(kv_c, k_pe, kv_cache, slot_mapping, scale, kv_cache_dtype, skip_scale,
+                                        ds_scale_rule))
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: plan_write says which
+            layout = None
     if layout is not None:  # the fast path: only the pointer checks
         kv_c_p, k_pe_p, sm_p, kv_p = kv_c.data_ptr(), k_pe.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
         sc_p = scale.data_ptr() if layout.extents[4] else 0
@@ -324,8 +324,14 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
         return
     layout = _layout(plan)
     _run(layout, plan.kv_c_ptr, plan.k_pe_ptr, plan.slot_ptr, plan.scale_ptr, plan.kv_ptr)
-    if key is not None:
-        _layouts.remember(key, layout)
+    options = kv_cache_dtype, skip_scale, ds_scale_rule
+    _layouts.remember(_key(kv_c, k_pe, kv_cache, slot_mapping, scale, *options), layout,
+                      (kv_c, k_pe, kv_cache, slot_mapping, scale), options)
+
+
+def _key(kv_c, k_pe, kv_cache, slot_mapping, scale, kv_cache_dtype, skip_scale, ds_scale_rule) -> tuple:
+    return (fast_path.layout_key5(kv_c, k_pe, kv_cache, slot_mapping, scale), kv_cache_dtype, skip_scale,
+            ds_scale_rule, kv_c.is_neg() or k_pe.is_neg() or scale.is_neg())  # negative views: full checks
 
 
 def prepared(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False, ds_scale_rule="pow2", *,
