@@ -380,9 +380,10 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
     check, last_sizes, layout = _set_layouts.last
     if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
         layout = None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
-    elif not check(buf, loc, index_k, index_k_scale) or last_sizes != sizes:
+    else:
         try:
-            layout = _set_layouts.find(_set_key(buf, loc, index_k, index_k_scale, sizes))
+            if not check(buf, loc, index_k, index_k_scale) or last_sizes != sizes:
+                layout = _set_layouts.find(_set_key(buf, loc, index_k, index_k_scale, sizes))
         except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable sizes, no strides: named below
             layout = None
     if layout is not None and indexer_k_scatter_op.run_remembered(

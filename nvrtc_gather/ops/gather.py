@@ -286,12 +286,12 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
         return library.traced("cp_gather_indexer_k_quant_cache", kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
     key = None
     check, _, layout = _layouts.last
-    if not check(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
-        try:
+    try:
+        if not check(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
             key = layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
             layout = _layouts.find(key)
-        except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
-            key = layout = None
+    except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
+        key = layout = None
     if layout is not None:  # the fast path: only the pointer checks, then _run's launch
         # Written inline, not as calls: each Python call is ~0.15 µs of a ~10 µs call.
         kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()

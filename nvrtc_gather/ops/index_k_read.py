@@ -177,13 +177,13 @@ def read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
     if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
         return None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
     check, sizes, layout = _layouts.last
-    if not check(buf, seq_len_tensor, page_indices) or sizes != (page_size, index_head_dim, quant_block_size):
-        try:
+    try:
+        if not check(buf, seq_len_tensor, page_indices) or sizes != (page_size, index_head_dim, quant_block_size):
             layout = _layouts.find(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim,
                                         quant_block_size))
-        # Not tensors, unhashable sizes, tensors without strides (sparse CSR, nested): the checks name them.
-        except (AttributeError, TypeError, RuntimeError):
-            return None
+    # Not tensors, unhashable sizes, tensors without strides (sparse CSR, nested): the checks name them.
+    except (AttributeError, TypeError, RuntimeError):
+        return None
     if layout is None or type(seq_len_sum) is not int or not 0 <= seq_len_sum <= MAX_ROWS or \
             type(max_seq_len) is not int or not 0 <= max_seq_len <= layout.max_tokens:
         return None

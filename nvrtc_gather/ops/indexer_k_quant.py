@@ -235,11 +235,11 @@ def indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     layout = None
     if type(quant_block_size) is int:  # a bool or an int-like object takes the full checks
         check, options, layout = _layouts.last
-        if not check(k, kv_cache, slot_mapping) or options != (quant_block_size, scale_fmt):
-            try:
+        try:
+            if not check(k, kv_cache, slot_mapping) or options != (quant_block_size, scale_fmt):
                 layout = _layouts.find(_key(k, kv_cache, slot_mapping, quant_block_size, scale_fmt))
-            except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
-                layout = None
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, an unhashable scale_fmt: plan_quant says which
+            layout = None
     if layout is not None:  # the fast path: only the pointer checks
         k_p, sm_p, kv_p = k.data_ptr(), slot_mapping.data_ptr(), kv_cache.data_ptr()
         if not kv_p & 3 and not k_p % layout.element_size and \

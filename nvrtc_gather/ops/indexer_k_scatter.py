@@ -224,11 +224,11 @@ def indexer_k_scatter(k: torch.Tensor, k_scale: torch.Tensor, kv_cache: torch.Te
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return library.traced("indexer_k_scatter", k, k_scale, kv_cache, slot_mapping)
     check, _, layout = _layouts.last
-    if not check(k, k_scale, kv_cache, slot_mapping):
-        try:
+    try:
+        if not check(k, k_scale, kv_cache, slot_mapping):
             layout = _layouts.find(_key(k, k_scale, kv_cache, slot_mapping))
-        except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
-            layout = None
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: plan_scatter says which
+        layout = None
     if layout is not None and run_remembered(layout, k.data_ptr(), k_scale.data_ptr(), slot_mapping.data_ptr(),
                                              kv_cache.data_ptr()):  # the fast path: only the pointer checks
         return
