@@ -195,6 +195,9 @@ READ_CHANGES = [
     ("lens bad values", lambda a: a.update(lens=torch.tensor([-5, 2**31 - 1, 9], dtype=I32))),
     ("lens sparse", lambda a: a.update(lens=a["lens"].to_sparse())),
     ("lens 0-d", lambda a: a.update(lens=a["lens"][0])),
+    ("lens a list", lambda a: a.update(lens=a["lens"].tolist())),
+    ("buf None", lambda a: a.update(buf=None)),
+    ("pt nested", lambda a: a.update(pt=hostile_tensors.KINDS["nested"](a["pt"]))),
     ("pt column-major", lambda a: a.update(pt=a["pt"].t().contiguous().t())),
     ("pt int64", lambda a: a.update(pt=a["pt"].to(I64))),
     ("pt +8 bytes", lambda a: a.update(pt=shifted(a["pt"], 8))),
@@ -319,6 +322,8 @@ SET_CHANGES = [
     ("loc int32", lambda a: a.update(loc=a["loc"].to(I32))),
     ("loc past the buffer", lambda a: a.update(loc=torch.tensor([5, 3 * 64, -1]))),
     ("loc 2", lambda a: a.update(loc=a["loc"][:2])),
+    ("loc a list", lambda a: a.update(loc=a["loc"].tolist())),
+    ("k nested", lambda a: a.update(k=hostile_tensors.KINDS["nested"](a["k"]))),
 ]
 
 ENTRIES = {"read": (_read_base, _read_call, READ_CHANGES), "hooked read": (_read_base, _hook_call, READ_CHANGES),
@@ -341,7 +346,7 @@ def _changed(base, changes, case: int):
         try:
             for _, change in picked:
                 change(args)
-        except (IndexError, RuntimeError, NotImplementedError):
+        except (IndexError, RuntimeError, NotImplementedError, AttributeError, TypeError):
             continue
         return args, picked
 
@@ -371,7 +376,8 @@ def _tensor_changes(i: int, name: str, t: torch.Tensor) -> list:
             (f"{name} on meta", put(lambda x: x.to("meta"))),
             (f"{name} sparse CSR", put(hostile_tensors.KINDS["sparse_csr"])),
             (f"{name} nested", put(hostile_tensors.KINDS["nested"])),
-            (f"{name} quantized", put(hostile_tensors.KINDS["quantized"]))]
+            (f"{name} quantized", put(hostile_tensors.KINDS["quantized"])),
+            (f"{name} a list", put(lambda x: x.tolist())), (f"{name} None", put(lambda x: None))]
     if t.dim():
         out += [(f"{name} one row less", put(lambda x: x[:-1])), (f"{name} rows strided",
                                                                   put(lambda x: x.repeat_interleave(2, 0)[::2]))]
@@ -428,7 +434,7 @@ def _applies(change, base) -> bool:
     try:
         change(base())
         return True
-    except (IndexError, RuntimeError, NotImplementedError):  # torch makes no such tensor of the base's
+    except (IndexError, RuntimeError, NotImplementedError, AttributeError, TypeError):  # torch makes no such tensor of the base's
         return False
 
 
@@ -462,7 +468,7 @@ def _remembered_variant(fake, op, case: int):
             first[1](a)
             first[1](ab)
             second[1](ab)
-        except (IndexError, RuntimeError, NotImplementedError):
+        except (IndexError, RuntimeError, NotImplementedError, AttributeError, TypeError):
             continue
         forget()
         got = outcome(fake, lambda: op_calls.plain(op)(*a))
