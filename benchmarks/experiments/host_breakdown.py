@@ -10,7 +10,8 @@ Each piece is timed as the bench times host cost (timing.host_costs: bursts of 2
 interleaved, median), beside ``copy_`` on CUDA. Pieces: the read and the hooked read (SGLang's
 ``GetKAndS.execute`` patched as register() does: SGLang's own class where it imports, else a
 stand-in with its signature), the layout key alone and with its lookup, the two output
-allocations, the read's ``_run`` (allocations and launch), its launcher alone, and the driver's
+allocations, the last-slot check that stands for them (ops/fast_path.py), the read's ``_run``
+(allocations and launch), its launcher alone, and the driver's
 launch of the same kernel and parameters through ctypes: ``cuLaunchKernelEx`` (what the launcher
 calls) and ``cuLaunchKernel`` (11 arguments, for comparison)."""
 from __future__ import annotations
@@ -128,6 +129,7 @@ def calls(device: str) -> dict:
                                             max_seq_len=LENGTH), ()),
         "key": (index_k_read._key, (buf, lens, pages, *sizes)),
         "key and lookup": (lambda: index_k_read._layouts.get(index_k_read._key(buf, lens, pages, *sizes)), ()),
+        "last-slot check": (index_k_read._layouts.last[0], (buf, lens, pages)),
         "two allocations": (lambda: (buf.new_empty(n, 128), buf.new_empty(n, 4)), ()),
         "_run (allocations, launch)": (index_k_read._run, (layout, buf, lens, pages, n)),
         "launcher": (lambda: go(pointers, 0, -(-n // tpc)), ()),
