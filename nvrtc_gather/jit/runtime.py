@@ -42,15 +42,14 @@ log = logging.getLogger(__name__)
 
 def _launch_state(image: spec.StructImage, grid: int, threads: int) -> tuple:
     """One thread's state for one launcher: the parameter buffer (a copy of the struct image),
-    the address of a void*[1] pointing at it, the CUlaunchConfig with grid and block set, and
-    its address. Launches from several threads never share it; reuse within a thread is safe
-    because the driver copies parameters at launch (graph capture included). The buffers live
-    as long as the thread's state: the config keeps the parameter array alive."""
+    the void*[1] pointing at it, the CUlaunchConfig with grid and block set, and a slot for
+    cuCtxGetCurrent. Launches from several threads never share it; reuse within a thread is
+    safe because the driver copies parameters at launch (graph capture included)."""
     buf = ctypes.create_string_buffer(image.template, len(image.template))
     arr = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
     cfg = driver.LaunchConfig(grid, 1, 1, threads, 1, 1, 0, None, None, 0)  # the stream set per launch
-    cfg._keep = arr
-    return buf, ctypes.addressof(arr), cfg, ctypes.addressof(cfg)
+    cur = ctypes.c_void_p()
+    return buf, ctypes.addressof(arr), cfg, ctypes.addressof(cfg), cur, ctypes.byref(cur), arr
 
 
 def error_buffer(device: int) -> torch.Tensor:
@@ -89,74 +88,46 @@ class LoadedModule:
         pack_pointers, pack_error, error_offset = image.pack_pointers, image.pack_error, image.error_offset
         per_thread = threading.local()
 
-        def state():
-            try:
-                return per_thread.state
-            except AttributeError:
-                per_thread.state = _launch_state(image, grid, threads)
-                return per_thread.state
-
-        def launch(buf, params, cfg, cfg_addr, pointers, blocks: int) -> None:
-            pack_pointers(buf, 0, *pointers)
-            cfg.hStream = stream_of(device)
-            if blocks:
-                cfg.gridDimX = blocks
-            # Launched as if the device's primary context were current, as it nearly always is
-            # (asking first costs a driver call per launch): see _after_refusal.
-            rc = raw.launch_ex(cfg_addr, function, params, None)
-            if rc:
-                _after_refusal(rc, raw, cfg_addr, function, params, context, device)
-
-        def checked(pointers, err_ptr: int, blocks: int) -> None:
-            # Debug mode (a call of its own): an error buffer, read back after the launch; or the
-            # launch of a caller's error buffer, for this launch only.
-            if not err_ptr:
-                if not settings.debug_enabled():
-                    launch(*state(), pointers, blocks)
-                    return
+        def go(pointers, err_ptr: int = 0, blocks: int = 0) -> None:
+            # Every op call runs this: the pointers packed, the stream set, cuLaunchKernelEx (4
+            # arguments through ctypes instead of cuLaunchKernel's 11). Debug mode: an error
+            # buffer, read back after the launch (the usual unset variable tested inline).
+            # ``blocks``: this call's grid, for a launcher whose grid changes per call (grid 0).
+            if not err_ptr and (env_data is None or debug_key in env_data) and settings.debug_enabled():
                 err = error_buffer(device)
-                checked(pointers, err.data_ptr(), blocks)
+                go(pointers, err.data_ptr(), blocks)
                 raise_if_set(err, label)
                 return
-            buf, params, cfg, cfg_addr = state()
-            pack_error(buf, error_offset, err_ptr)
             try:
-                launch(buf, params, cfg, cfg_addr, pointers, blocks)
-            finally:
-                pack_error(buf, error_offset, 0)
-
-        def go(pointers, err_ptr: int = 0, blocks: int = 0) -> None:
-            # Every op call runs this, so it is flat: the usual unset NVRTC_GATHER_DEBUG tested
-            # inline, the thread's launch state, the pointers packed, the stream (and a per-call
-            # grid) set, cuLaunchKernelEx (4 arguments through ctypes instead of cuLaunchKernel's
-            # 11). ``blocks``: this call's grid, for a launcher whose grid changes per call (grid 0).
-            if err_ptr or env_data is None or debug_key in env_data:
-                checked(pointers, err_ptr, blocks)
-                return
-            try:
-                buf, params, cfg, cfg_addr = per_thread.state
+                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = per_thread.state
             except AttributeError:
-                buf, params, cfg, cfg_addr = state()
-            # launch(), inlined: a Python call costs as much as a line here
+                buf, params, cfg, cfg_addr, cur, cur_ref, _keep = per_thread.state = _launch_state(image, grid, threads)
             pack_pointers(buf, 0, *pointers)
             cfg.hStream = stream_of(device)
             if blocks:
                 cfg.gridDimX = blocks
-            rc = raw.launch_ex(cfg_addr, function, params, None)
-            if rc:
-                _after_refusal(rc, raw, cfg_addr, function, params, context, device)
+            if err_ptr:  # debug mode: this launch only, then the buffer's error field is null again
+                pack_error(buf, error_offset, err_ptr)
+            try:
+                # Launched as if the device's primary context were current, as it nearly always
+                # is (asking first costs a driver call per launch): see _after_refusal.
+                rc = raw.launch_ex(cfg_addr, function, params, None)
+                if rc:
+                    _after_refusal(rc, raw, cfg_addr, function, params, cur, cur_ref, context, device)
+            finally:
+                if err_ptr:
+                    pack_error(buf, error_offset, 0)
         return go
 
 
-def _after_refusal(rc: int, raw, cfg_addr, function, params, context, device) -> None:
+def _after_refusal(rc: int, raw, cfg_addr, function, params, cur, cur_ref, context, device) -> None:
     """A launch the driver refused with ``rc``. A function of one context never runs in
     another: where that context is not current (tensors on another device than the current
     one, a thread that never used CUDA) the driver refuses the launch (measured on the H200 for
     a thread with no context current; a driver that ran it in its own context instead would give
     the same result). So only now is the current context asked for, and if it is another the
     launch is repeated with the primary context pushed; any other refusal raises."""
-    cur = ctypes.c_void_p()
-    raw.ctx_get_current(ctypes.byref(cur))
+    raw.ctx_get_current(cur_ref)
     if cur.value != context:
         rc = driver.in_primary_context(device, lambda: raw.launch_ex(cfg_addr, function, params, None))
     if rc:
