@@ -268,14 +268,14 @@ def _get_hook(sglang_execute):
             # max_seq_len=), on a layout the read remembers: the read's fast path, nothing else.
             pool, buf = args
             try:
-                sizes = pool.index_page_size, pool.index_head_dim, pool.quant_block_size
+                page_size, head_dim, block = pool.index_page_size, pool.index_head_dim, pool.quant_block_size
                 seq_len_tensor, page_indices = kwargs["seq_len_tensor"], kwargs["page_indices"]
                 seq_len_sum, max_seq_len = kwargs["seq_len_sum"], kwargs["max_seq_len"]
             except (AttributeError, KeyError):  # another pool or call: the general path below
                 pass
             else:
                 out = index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
-                                                   *sizes)
+                                                   page_size, head_dim, block)
                 if out is not None:
                     return out
         try:
