@@ -2,8 +2,9 @@
 # Everything that needs the GPU in one go (one device call): the test suite, the CLI as a
 # user runs it, the GPU tests again under compute-sanitizer memcheck, and the benchmark.
 #   scripts/gpu_check.sh [tests] [cli] [quick] [gpu] [twogpu] [memcheck] [racecheck] [resources] [bench] [bench_mla] [PATH ...]
-#   (default: tests cli memcheck bench; tests_gpu + tests_rest = tests in two parts, tests/gpu and
-#   tests/integrations, then the rest, for device calls shorter than the whole suite; cli = demo, info, warmup, cache list / verify --arch of this
+#   (default: tests cli memcheck bench; tests_gpu + tests_emulator + tests_rest = tests in three parts,
+#   tests/gpu and tests/integrations, tests/emulator, then the rest, for device calls shorter than
+#   the whole suite (tests_rest with the emulator ran past 600 s on the H200 machine); cli = demo, info, warmup, cache list / verify --arch of this
 #   GPU in a fresh cache directory; quick = the GPU tests without the slow ones; gpu = tests/gpu
 #   and tests/integrations, slow ones included; twogpu = tests/gpu/test_two_gpus.py alone (tensor-parallel
 #   workers, one per GPU, and one process on two GPUs; its 2-GPU parts skip with the reason on one GPU);
@@ -39,14 +40,15 @@ python3 -c "import torch, importlib.metadata as m; print('torch', torch.__versio
 for stage in $stages; do
   echo "=== $stage ==="
   case $stage in
-    tests|tests_gpu|tests_rest)
+    tests|tests_gpu|tests_emulator|tests_rest)
       # pytest-xdist where installed (the H200 image has it): tests spread over the workers, each
       # test's name and outcome in the log; TEST_WORKERS=0 runs in one process
       par=$(python3 -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-8}" != 0 ] && echo "-n ${TEST_WORKERS:-8} --dist load -v" || echo -q)
       case $stage in
         tests) paths="tests" ;;
         tests_gpu) paths="tests/gpu tests/integrations" ;;
-        tests_rest) paths="tests --ignore=tests/gpu --ignore=tests/integrations" ;;
+        tests_emulator) paths="tests/emulator" ;;
+        tests_rest) paths="tests --ignore=tests/gpu --ignore=tests/integrations --ignore=tests/emulator" ;;
       esac
       python3 -m pytest -rfEs -p no:cacheprovider $par $paths > "$OUT/pytest_$stage.log" 2>&1 || status=1
       grep -E "^(FAILED|ERROR)|^SKIPPED|passed|failed" "$OUT/pytest_$stage.log" | tail -40 ;;

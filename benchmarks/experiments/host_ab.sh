@@ -6,9 +6,9 @@
 #   benchmarks/experiments/host_ab.sh BASE_TREE [rounds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-base=$1 rounds=${2:-2}
-OUT=${OUT:-out}; mkdir -p "$OUT/host_ab"
-extra=$(ls -d /tmp/ng-site 2>/dev/null || true)
+base=$(cd "$1" && pwd) rounds=${2:-2}  # absolute: each run changes into its tree
+OUT=${OUT:-out}; mkdir -p "$OUT/host_ab"; OUT=$(cd "$OUT" && pwd)
+extra=$(ls -d /tmp/ng-site 2>/dev/null || true)  # the carried wheels (scripts/gpu_check.sh installs them)
 for i in $(seq "$rounds"); do
   for tree in "$base" "$PWD"; do
     name=$([ "$tree" = "$PWD" ] && echo new || echo base)

@@ -72,6 +72,18 @@ def test_a_fault_is_a_clean_failure(gather_emu):
     assert launch_problem(*outcomes[2]).startswith("the launch did not run")
 
 
+def test_a_launch_past_the_limit_is_a_hang(gather_emu):
+    """The harness's hang limit (each launch's own): at 0 ms a launch of 256 emulated threads
+    outlasts it; that launch is the hung one and none after it runs."""
+    cases = [gather_case(f"hang-{i}", "valid", 16, "") for i in range(3)]
+    outcomes = run_isolated(gather_emu, [gather_launch(c, 16, "", False) for c in cases], timeout_ms=0)
+    problems = [launch_problem(*o) for o in outcomes]
+    hung = [i for i, p in enumerate(problems) if p and p.startswith("the launch hung")]
+    assert len(hung) == 1, problems
+    assert all(p is None for p in problems[:hung[0]]), problems
+    assert all(p.startswith("the launch did not run") for p in problems[hung[0] + 1:]), problems
+
+
 @pytest.fixture(scope="module")
 def quant_emu(tmp_path_factory):
     return emulator(tmp_path_factory, kernel="quant")

@@ -75,10 +75,11 @@ class Launch:
 NOT_RUN = -2000  # status of a launch after the one that ended the child
 
 
-def run_isolated(dll, launches: list[Launch]) -> list[tuple[int, int, int]]:
+def run_isolated(dll, launches: list[Launch], timeout_ms: int = TIMEOUT_MS) -> list[tuple[int, int, int]]:
     """Run ``launches`` one after another in one forked child (one fork for many launches);
     for each, (status, misaligned accesses, out-of-bounds loads): status 0 once it finished,
-    the child's end (see emu_launch_isolated) for the launch it ended in, NOT_RUN after that."""
+    the child's end (see emu_launch_isolated) for the launch it ended in, NOT_RUN after that.
+    A launch running past ``timeout_ms`` (each its own) ends the child as hung."""
     n = len(launches)
     size = len(launches[0].params)
     assert all(len(x.params) == size for x in launches)
@@ -88,7 +89,7 @@ def run_isolated(dll, launches: list[Launch]) -> list[tuple[int, int, int]]:
         n, (ctypes.c_void_p * n)(*[ctypes.cast(getattr(dll, x.name), ctypes.c_void_p).value for x in launches]),
         b"".join(x.params for x in launches), size, (ctypes.c_int * n)(*[x.grid for x in launches]),
         (ctypes.c_ulonglong * max(1, len(flat)))(*flat), (ctypes.c_int * n)(*[len(x.bounds) for x in launches]),
-        TIMEOUT_MS, out)
+        timeout_ms, out)
     result, ended = [], False
     for i in range(n):
         done, faults, oob = out[3 * i: 3 * i + 3]
