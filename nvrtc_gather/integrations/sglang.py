@@ -408,9 +408,7 @@ def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_bloc
 
 def _set_key(buf, loc, index_k, index_k_scale, sizes) -> tuple:
     """A set call's metadata: what its layout (and so every check but the pointers') depends on."""
-    return (buf.device, buf.dtype, buf.shape, buf.stride(), loc.device, loc.dtype, loc.shape, loc.stride(),
-            index_k.device, index_k.dtype, index_k.shape, index_k.stride(), index_k_scale.device,
-            index_k_scale.dtype, index_k_scale.shape, index_k_scale.stride(), sizes,
+    return (fast_path.layout_key4(buf, loc, index_k, index_k_scale), sizes,
             index_k_scale.is_neg())  # a negative view of the scales: the checks
 
 

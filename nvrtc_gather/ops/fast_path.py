@@ -103,18 +103,14 @@ class LayoutMemo(dict):
             self._checks.clear()
         self[key] = layout
         if tensors and _make_check is not None:
-            check = _make_check(tensors)
-            self._checks[key] = check, others
-            self.last = check, others, layout
+            self.last = self._checks[key] = _make_check(tensors), others, layout
 
     def find(self, key):
-        """The layout under ``key`` (None: none), now ``last``."""
-        layout = self.get(key)
-        if layout is not None:
-            found = self._checks.get(key)
-            if found is not None:
-                self.last = found[0], found[1], layout
-        return layout
+        """The layout under ``key`` (None: none), its entry now ``last`` where it has one."""
+        entry = self._checks.get(key)
+        if entry is not None:
+            self.last = entry
+        return self.get(key)
 
 
 def layout_key3(a, b, c) -> tuple:

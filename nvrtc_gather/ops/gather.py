@@ -284,14 +284,12 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
     """
     if _is_compiling():  # inside torch.compile: appear in the graph as the registered op (ops/library.py)
         return library.traced("cp_gather_indexer_k_quant_cache", kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
-    key = None
     check, _, layout = _layouts.last
     try:
         if not check(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
-            key = layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
-            layout = _layouts.find(key)
+            layout = _layouts.find(layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens))
     except (AttributeError, RuntimeError):  # not tensors: plan_gather says which
-        key = layout = None
+        layout = None
     if layout is not None:  # the fast path: only the pointer checks, then _run's launch
         # Written inline, not as calls: each Python call is ~0.15 µs of a ~10 µs call.
         kv_p, k_p, s_p = kv_cache.data_ptr(), dst_k.data_ptr(), dst_scale.data_ptr()
@@ -314,9 +312,8 @@ def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor,
         return
     layout = _layout(plan)
     _run(layout, plan.kv_ptr, plan.k_ptr, plan.s_ptr, plan.bt_ptr, plan.cu_ptr)
-    if key is None:  # the last layout's tensors, with pointers the fast path refused
-        key = layout_key5(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
-    _layouts.remember(key, layout, (kv_cache, dst_k, dst_scale, block_table, cu_seq_lens))
+    tensors = (kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
+    _layouts.remember(layout_key5(*tensors), layout, tensors)
 
 
 def prepared(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens, *, module=None, tokens_per_cta=None):

@@ -163,9 +163,7 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
 
 def _key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size) -> tuple:
     """A call's metadata: what its layout (and so every check but the pointers') depends on."""
-    return (buf.device, buf.dtype, buf.shape, buf.stride(), seq_len_tensor.device, seq_len_tensor.dtype,
-            seq_len_tensor.shape, seq_len_tensor.stride(), page_indices.device, page_indices.dtype,
-            page_indices.shape, page_indices.stride(), page_size, index_head_dim, quant_block_size)
+    return (fast_path.layout_key3(buf, seq_len_tensor, page_indices), page_size, index_head_dim, quant_block_size)
 
 
 def read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
