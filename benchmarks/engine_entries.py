@@ -104,9 +104,11 @@ def host_calls() -> dict:
     acc, p = accessor(), pool()  # SGLang's pool lives as long as the server
     if acc:
         hook.register()
+        # as SGLang's pool calls it (get_index_k_scale_buffer): the accessor class looked up, its
+        # arguments at hand in locals (the caller's max_seq_len is an int it already has)
+        buf, pages, lens, n, longest = w.buf, w.block_table, w.lens_t, w.tokens, max(w.lens)
         calls["sglang_get_hooked_us"] = (lambda: acc.GetKAndS.execute(
-            p, w.buf, page_indices=w.block_table, seq_len_tensor=w.lens_t, seq_len_sum=w.tokens,
-            max_seq_len=max(w.lens)), ())
+            p, buf, page_indices=pages, seq_len_tensor=lens, seq_len_sum=n, max_seq_len=longest), ())
     return calls
 
 

@@ -260,24 +260,32 @@ def _set_args(pool, buf, loc, index_k, index_k_scale):
     return pool, buf, loc, index_k, index_k_scale
 
 
+_ABSENT = object()  # a keyword the call did not pass
+_GET_KEYWORDS = ("page_indices", "seq_len_tensor", "seq_len_sum", "max_seq_len")
+
+
 def _get_hook(sglang_execute):
+    # SGLang's four keywords are the hook's own keyword-only parameters: its call binds them
+    # without building a dict, and any other call is forwarded with the arguments it came with.
     @functools.wraps(sglang_execute)
-    def execute(klass, *args, **kwargs):
-        if len(args) == 2 and len(kwargs) == 4 and not _ROCM:
+    def execute(klass, *args, page_indices=_ABSENT, seq_len_tensor=_ABSENT, seq_len_sum=_ABSENT,
+                max_seq_len=_ABSENT, **kwargs):
+        if len(args) == 2 and not kwargs and not _ROCM:
             # SGLang's own call, execute(pool, buf, page_indices=, seq_len_tensor=, seq_len_sum=,
-            # max_seq_len=), on a layout the read remembers: the read's fast path, nothing else.
+            # max_seq_len=), on a layout the read remembers: the read's fast path, nothing else
+            # (an absent keyword is no tensor or int: read_remembered returns None).
             pool, buf = args
             try:
                 page_size, head_dim, block = pool.index_page_size, pool.index_head_dim, pool.quant_block_size
-                seq_len_tensor, page_indices = kwargs["seq_len_tensor"], kwargs["page_indices"]
-                seq_len_sum, max_seq_len = kwargs["seq_len_sum"], kwargs["max_seq_len"]
-            except (AttributeError, KeyError):  # another pool or call: the general path below
+            except AttributeError:  # another pool: the general path below
                 pass
             else:
                 out = index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
                                                    page_size, head_dim, block)
                 if out is not None:
                     return out
+        kwargs.update((name, value) for name, value in zip(
+            _GET_KEYWORDS, (page_indices, seq_len_tensor, seq_len_sum, max_seq_len)) if value is not _ABSENT)
         try:
             pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len = _get_args(*args, **kwargs)
         except TypeError:  # another call (SGLang's older single-request one): its own path
@@ -302,9 +310,26 @@ def _get_hook(sglang_execute):
     return execute
 
 
+_SET_KEYWORDS = ("pool", "buf", "loc", "index_k", "index_k_scale")
+
+
 def _set_hook(sglang_execute):
+    # As _get_hook: SGLang's five keywords are the hook's own keyword-only parameters.
     @functools.wraps(sglang_execute)
-    def execute(klass, *args, **kwargs):
+    def execute(klass, *args, pool=_ABSENT, buf=_ABSENT, loc=_ABSENT, index_k=_ABSENT, index_k_scale=_ABSENT,
+                **kwargs):
+        if not args and not kwargs and not _ROCM:
+            # SGLang's own call, execute(pool=, buf=, loc=, index_k=, index_k_scale=), on a layout
+            # the write remembers (its full checks include every one _unserved makes): one launch
+            try:
+                page_size, head_dim, block = pool.index_page_size, pool.index_head_dim, pool.quant_block_size
+            except AttributeError:  # another pool: the general path below
+                pass
+            else:
+                if _set_remembered(buf, loc, index_k, index_k_scale, page_size, head_dim, block):
+                    return None
+        kwargs.update((name, value) for name, value in zip(
+            _SET_KEYWORDS, (pool, buf, loc, index_k, index_k_scale)) if value is not _ABSENT)
         try:
             pool, buf, loc, index_k, index_k_scale = _set_args(*args, **kwargs)
         except TypeError:
@@ -375,20 +400,27 @@ def set_index_k_scale_buffer(buf: torch.Tensor, loc: torch.Tensor, index_k: torc
         raise ValueError(checks.renamed(str(e), _SCATTER_NAMES)) from None
 
 
-def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size) -> None:
-    sizes = page_size, index_head_dim, quant_block_size
-    check, last_sizes, layout = _set_layouts.last
+def _set_remembered(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size) -> bool:
+    """The write launched where a call with this metadata was checked in full before (its layout
+    remembered; only the pointers are checked here): True; else False, and the caller runs the
+    full checks, which accept exactly what this accepts."""
     if type(page_size) is not int or type(index_head_dim) is not int or type(quant_block_size) is not int:
-        layout = None  # 64.0 == 64 would find the int's layout: the checks refuse it by name
-    else:
-        try:
-            if not check(buf, loc, index_k, index_k_scale) or last_sizes != sizes:
-                layout = _set_layouts.find(_set_key(buf, loc, index_k, index_k_scale, sizes))
-        except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable sizes, no strides: named below
-            layout = None
-    if layout is not None and indexer_k_scatter_op.run_remembered(
-            layout, index_k.data_ptr(), index_k_scale.data_ptr(), loc.data_ptr(), buf.data_ptr()):
+        return False  # 64.0 == 64 would find the int's layout: the checks refuse it by name
+    check, last_sizes, layout = _set_layouts.last
+    try:
+        if not check(buf, loc, index_k, index_k_scale) or last_sizes != (page_size, index_head_dim, quant_block_size):
+            layout = _set_layouts.find(_set_key(buf, loc, index_k, index_k_scale,
+                                                (page_size, index_head_dim, quant_block_size)))
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable sizes, no strides: named later
+        return False
+    return layout is not None and indexer_k_scatter_op.run_remembered(
+        layout, index_k.data_ptr(), index_k_scale.data_ptr(), loc.data_ptr(), buf.data_ptr())
+
+
+def _set(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size) -> None:
+    if _set_remembered(buf, loc, index_k, index_k_scale, page_size, index_head_dim, quant_block_size):
         return
+    sizes = page_size, index_head_dim, quant_block_size
     nq = index_k_read.layout_words(buf, page_size, index_head_dim, quant_block_size)
     _check_rows(loc, index_k, index_k_scale, index_head_dim, nq)
     checks.same_device({"buf": buf, "loc": loc, "index_k": index_k, "index_k_scale": index_k_scale})  # SetKAndS's order

@@ -1,5 +1,5 @@
 """The remembered paths of every op (each registered op, from tests/helpers/op_calls.py's valid
-calls) and of SGLang's entries (the index-K read, its hook, the write, DeepSeek-V4's flat forms and
+calls) and of SGLang's entries (the index-K read and write and their hooks, DeepSeek-V4's flat forms and
 their hook) accept exactly what their full checks accept and launch exactly what those would: CPU tensors
 planned as cuda:0, on a fake driver that records each launch (kernel, grid, block, the parameter
 struct field by field), no GPU.
@@ -311,6 +311,12 @@ def _set_call(a):
     return lambda: sg.set_index_k_scale_buffer(a["buf"], a["loc"], a["k"], a["s"])
 
 
+def _hook_set_call(a):
+    pool = types.SimpleNamespace(page_size=64, index_page_size=64, index_head_dim=128, quant_block_size=128)
+    execute = sg._set_hook(lambda *args, **kwargs: "SGLang's own")
+    return lambda: execute(None, pool=pool, buf=a["buf"], loc=a["loc"], index_k=a["k"], index_k_scale=a["s"])
+
+
 SET_CHANGES = [
     *[(f"buf +{b} bytes", lambda a, b=b: a.update(buf=shifted(a["buf"], b))) for b in (1, 4, 16)],
     ("k +8 bytes", lambda a: a.update(k=shifted(a["k"], 8))),
@@ -329,7 +335,7 @@ SET_CHANGES = [
 ENTRIES = {"read": (_read_base, _read_call, READ_CHANGES), "hooked read": (_read_base, _hook_call, READ_CHANGES),
            "flat": (_flat_base, _flat_call, FLAT_CHANGES), "hooked flat": (_flat_base, _hook_flat_call, FLAT_CHANGES),
            "paged": (_paged_base, _paged_call, PAGED_CHANGES),
-           "set": (_set_base, _set_call, SET_CHANGES)}
+           "set": (_set_base, _set_call, SET_CHANGES), "hooked set": (_set_base, _hook_set_call, SET_CHANGES)}
 CASES = [(entry, i) for entry, (_, _, changes) in ENTRIES.items() for i in range(len(changes) + 40)]
 
 
