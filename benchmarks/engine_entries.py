@@ -19,7 +19,7 @@ from nvrtc_gather.integrations import sglang as hook
 NAME, REPS = "entries", 60
 WORKLOADS = [(1, 1000), (8, 100), (16, 2048), (1, 131072), (64, 2048), (1024, 256), (4096, 64)]
 RECORD, TARGET = 132, 1.3  # bytes of a token; issue 34's ratio to the copy
-HOST_RATIOS = ("sglang_get_us", "sglang_set_us", "sglang_get_hooked_us")
+HOST_RATIOS = ("sglang_get_us", "sglang_set_us", "sglang_get_hooked_us", "sglang_set_hooked_us")
 
 
 def accessor():
@@ -109,6 +109,9 @@ def host_calls() -> dict:
         buf, pages, lens, n, longest = w.buf, w.block_table, w.lens_t, w.tokens, max(w.lens)
         calls["sglang_get_hooked_us"] = (lambda: acc.GetKAndS.execute(
             p, buf, page_indices=pages, seq_len_tensor=lens, seq_len_sum=n, max_seq_len=longest), ())
+        loc, k, scale = w.loc, w.k, w.scale
+        calls["sglang_set_hooked_us"] = (lambda: acc.SetKAndS.execute(
+            pool=p, buf=buf, loc=loc, index_k=k, index_k_scale=scale), ())
     return calls
 
 
