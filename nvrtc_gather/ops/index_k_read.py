@@ -141,11 +141,8 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
                  max_seq_len: int, page_size: int, index_head_dim: int,
                  quant_block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_fp8 uint8 ``[seq_len_sum, index_head_dim]``, k_scale uint8 ``[seq_len_sum, 4 * nq]``):
-    the integration's ``get_index_k_scale_buffer`` (its docstring has the contract)."""
-    out = read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, page_size, index_head_dim,
-                          quant_block_size)
-    if out is not None:
-        return out
+    the integration's ``get_index_k_scale_buffer`` (its docstring has the contract), by the full
+    checks; the layout remembered for :func:`read_remembered`, which callers try first."""
     plan = plan_read(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size)
     _check_call(plan, seq_len_sum, max_seq_len)
     if plan.device < 0:
