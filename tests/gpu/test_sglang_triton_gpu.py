@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers.launches import kernels_launched
 from nvrtc_gather.integrations import sglang as hook
 
 pytestmark = pytest.mark.gpu
@@ -96,6 +97,30 @@ def test_our_scatter_equals_sglangs_triton_scatter(accessor, seed):
     torch.cuda.synchronize()
     assert not torch.equal(theirs, buf)  # the call wrote something
     assert torch.equal(ours, theirs) and torch.equal(hooked, theirs)
+
+
+def test_the_hooked_calls_launch_what_the_entries_do_without_a_sync(accessor):
+    """SGLang's own calls of the hooked GetKAndS / SetKAndS: one kernel each, the entries' own, no
+    host sync (torch's sync debug mode raises), nothing left to SGLang."""
+    buf, lens, pages, total, longest = read_case(random.Random(5))
+    assert total > 0
+    n = 700
+    loc = torch.randperm(buf.size(0) * 64, device="cuda")[:n]
+    k = torch.randint(0, 256, (n, 128), dtype=torch.uint8, device="cuda").view(FP8)
+    scale = torch.rand(n, device="cuda")
+    p = pool(accessor)
+    plain = kernels_launched([lambda: hook.get_index_k_scale_buffer(buf, lens, pages, total, longest),
+                              lambda: hook.set_index_k_scale_buffer(buf, loc, k, scale)])
+    hook.register()
+    try:
+        hooked = kernels_launched([
+            lambda: accessor.GetKAndS.execute(p, buf, page_indices=pages, seq_len_tensor=lens, seq_len_sum=total,
+                                              max_seq_len=longest),
+            lambda: accessor.SetKAndS.execute(pool=p, buf=buf, loc=loc, index_k=k, index_k_scale=scale)])
+        assert hook.status()["left_to_sglang"] == {}
+    finally:
+        hook.unregister()
+    assert len(plain) == 2 and hooked == plain, (plain, hooked)
 
 
 def test_write_then_read_round_trip_through_both(accessor):
