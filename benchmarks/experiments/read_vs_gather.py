@@ -97,7 +97,7 @@ def tiles(workloads):
         layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
         for tpc, shape in ((64, ""), (128, ""), (256, ""), (256, "wide")):
             name = f"read {tpc}{' wide' if shape else ''}"
-            fixed = layout._replace(shape=lambda n, tpc=tpc, shape=shape: (tpc, shape), launchers={})
+            fixed = layout._replace(shape=lambda n, tpc=tpc, shape=shape: (tpc, shape), launchers={}, calls={})
             fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens)
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)

@@ -261,6 +261,15 @@ def _set_args(pool, buf, loc, index_k, index_k_scale):
 
 
 _ABSENT = object()  # a keyword the call did not pass
+
+
+def _passed(kwargs: dict, names: tuple, values: tuple) -> dict:
+    """``kwargs`` with those of a hook's keyword-only parameters the call passed: the call's
+    keywords as it passed them, for SGLang's own function or the argument binding."""
+    kwargs.update((name, value) for name, value in zip(names, values) if value is not _ABSENT)
+    return kwargs
+
+
 _GET_KEYWORDS = ("page_indices", "seq_len_tensor", "seq_len_sum", "max_seq_len")
 
 
@@ -284,8 +293,7 @@ def _get_hook(sglang_execute):
                                                    page_size, head_dim, block)
                 if out is not None:
                     return out
-        kwargs.update((name, value) for name, value in zip(
-            _GET_KEYWORDS, (page_indices, seq_len_tensor, seq_len_sum, max_seq_len)) if value is not _ABSENT)
+        kwargs = _passed(kwargs, _GET_KEYWORDS, (page_indices, seq_len_tensor, seq_len_sum, max_seq_len))
         try:
             pool, buf, page_indices, seq_len_tensor, seq_len_sum, max_seq_len = _get_args(*args, **kwargs)
         except TypeError:  # another call (SGLang's older single-request one): its own path
@@ -304,9 +312,9 @@ def _get_hook(sglang_execute):
         if why is not None:
             _leave("GetKAndS.execute", *why)
             return sglang_execute(*args, **kwargs)
-        return get_index_k_scale_buffer(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
-                                        page_size=_page_size(pool), index_head_dim=pool.index_head_dim,
-                                        quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
+        # get_index_k_scale_buffer's full path: the remembered read was tried above (a pool without
+        # the sizes is one _unserved refuses).
+        return index_k_read.read_index_k(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, *sizes)
     return execute
 
 
@@ -328,8 +336,7 @@ def _set_hook(sglang_execute):
             else:
                 if _set_remembered(buf, loc, index_k, index_k_scale, page_size, head_dim, block):
                     return None
-        kwargs.update((name, value) for name, value in zip(
-            _SET_KEYWORDS, (pool, buf, loc, index_k, index_k_scale)) if value is not _ABSENT)
+        kwargs = _passed(kwargs, _SET_KEYWORDS, (pool, buf, loc, index_k, index_k_scale))
         try:
             pool, buf, loc, index_k, index_k_scale = _set_args(*args, **kwargs)
         except TypeError:

@@ -108,9 +108,10 @@ class LayoutMemo(dict):
     def find(self, key):
         """The layout under ``key`` (None: none), its entry now ``last`` where it has one."""
         entry = self._checks.get(key)
-        if entry is not None:
-            self.last = entry
-        return self.get(key)
+        if entry is None:
+            return self.get(key)
+        self.last = entry
+        return entry[2]
 
 
 def layout_key3(a, b, c) -> tuple:

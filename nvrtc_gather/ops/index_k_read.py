@@ -118,6 +118,7 @@ class ReadLayout(NamedTuple):
     shape: object        # spec.shape_rule of the layout: row count -> (rows per block, entry shape)
     image: object        # the struct image with the layout's fields
     launchers: dict      # (vector width, shape) -> launcher (per-call grid), made on first use
+    calls: dict          # low 4 pointer bits | row count << 4 -> (launcher, rows per block, blocks): _call
 
 
 def _layout(plan: ReadPlan) -> ReadLayout:
@@ -125,7 +126,7 @@ def _layout(plan: ReadPlan) -> ReadLayout:
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
     image = spec.PARAMS.image(**plan.fields)
     return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size, widths,
-                      plan.entry_types, spec.shape_rule(plan.head_dim, driver.sm_count(plan.device)), image, {})
+                      plan.entry_types, spec.shape_rule(plan.head_dim, driver.sm_count(plan.device)), image, {}, {})
 
 
 def _launcher(layout: ReadLayout, vec: int, shape: str):
@@ -194,14 +195,31 @@ def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int
     if not seq_len_sum:
         return k, s
     kv_p, k_p = buf.data_ptr(), k.data_ptr()
-    vec = layout.widths[(kv_p | k_p) & 15]
+    # An engine reads every layer with the same row count: one lookup instead of the tile rule.
+    key = (kv_p | k_p) & 15 | seq_len_sum << 4
+    call = layout.calls.get(key) or _call(layout, key)
+    if call is None:
+        return None
+    go, tpc, blocks = call
+    go((kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc), 0, blocks)
+    return k, s
+
+
+_MAX_CALLS = 1024  # row counts a layout keeps (cleared when full: prefill brings new ones every step)
+
+
+def _call(layout: ReadLayout, key: int):
+    """(launcher, rows per block, blocks) of a call with ``key`` (low 4 pointer bits | rows << 4),
+    kept in ``layout.calls``; None when the pointers are not 4-byte aligned."""
+    vec, n = layout.widths[key & 15], key >> 4
     if not vec:
         return None
-    tpc, shape = layout.shape(seq_len_sum)
-    (layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape))(
-        (kv_p, k_p, s.data_ptr(), seq_len_tensor.data_ptr(), page_indices.data_ptr(), seq_len_sum, tpc),
-        0, -(-seq_len_sum // tpc))
-    return k, s
+    tpc, shape = layout.shape(n)
+    go = layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape)
+    if len(layout.calls) >= _MAX_CALLS:
+        layout.calls.clear()
+    call = layout.calls[key] = go, tpc, -(-n // tpc)
+    return call
 
 
 # -- the CPU path --------------------------------------------------------------------------------

@@ -151,8 +151,10 @@ def shifted(t: torch.Tensor, by: int) -> torch.Tensor:
     element size: torch makes no view of a dtype off its alignment)."""
     size = t.element_size()
     room = torch.zeros(t.untyped_storage().nbytes() + 64, dtype=U8)
-    out = room[by:by + (room.numel() - by) // size * size].view(t.dtype).as_strided(t.shape, t.stride(),
-                                                                                   t.storage_offset())
+    base = room[by:by + (room.numel() - by) // size * size].view(t.dtype)
+    # as_strided's offset counts from the storage's start: base's own offset is the shift
+    out = base.as_strided(t.shape, t.stride(), base.storage_offset() + t.storage_offset())
+    assert out.data_ptr() - room.data_ptr() == by + t.storage_offset() * size
     out.copy_(t)
     return out
 
@@ -551,3 +553,26 @@ def test_a_strided_layout_remembered_then_a_tensor_without_storage(fake, op, fir
     assert outcome(fake, call(a))[0] == "ran"
     warm = outcome(fake, call(ab))
     assert warm == cold, f"{op}, {first}, then {second}:\n remembered: {warm}\n full checks: {cold}"
+
+
+def test_the_read_remembers_each_row_count_and_launches_what_the_full_checks_do(fake):
+    """A remembered read keeps each (pointer bits, row count)'s launch (ops/index_k_read.py,
+    ``_call``): every row count, aligned or not, new or met before, launches what the full checks
+    launch for it, and the layout keeps at most ``_MAX_CALLS`` of them."""
+    counts = [80, *range(1, index_k_read._MAX_CALLS + 100), 30_155, 119_994, 131_072, 253_609, 80, 7, 1]
+    a = _read_base()
+    assert_remembered(fake, _read_call(a))
+    layout = index_k_read._layouts.last[2]
+    for i, n in enumerate(counts + counts[::-7]):
+        a.update(total=n, buf=shifted(a["buf"], 4) if i % 97 == 1 else _read_base()["buf"])
+        warm = outcome(fake, _read_call(a))
+        assert len(layout.calls) <= index_k_read._MAX_CALLS
+        if i % 41 in (0, 1) or n > 10_000:  # the full checks' launch, memos forgotten (then remembered again)
+            forget()
+            assert outcome(fake, _read_call(a)) == warm, f"rows {n}"
+            assert_remembered(fake, _read_call(_read_base()))
+            layout = index_k_read._layouts.last[2]
+        tpc, shape = index_k_read.spec.shape_rule(128, 132)(n)
+        (name, grid, block, fields), = warm[1]
+        assert (name, grid, fields["tokens_per_cta"], fields["num_rows"]) == (
+            index_k_read.spec.entry_name(4 if i % 97 == 1 else 16, "i32", "i32", shape), -(-n // tpc), tpc, n)
