@@ -16,9 +16,10 @@
 //  2. copy_tile (tile_copy.cuh) copies the values and scales, zeros for parked -1 rows.
 // Page ids are fetched alongside the first lengths where the row's request can be guessed, so
 // a small call's bytes are two DRAM round trips away instead of three: with one request each
-// row's own column (its rows start at 0); with up to WINDOW_REQS requests a window of the first
-// W = NG_THREADS / 2^ceil(log2(batch)) columns of every request (thread t: request t / W,
-// column t % W), kept in shared memory; a row past its window loads its page id after the scan.
+// row's own column (its rows start at 0: no scan at all, outside debug mode); with up to
+// WINDOW_REQS requests a window of the first W = NG_THREADS / 2^ceil(log2(batch)) columns of every
+// request (thread t: request t / W, column t % W), kept in shared memory; a row past its window
+// loads its page id after the scan.
 // Index values are untrusted: a length that is negative or past INT32_MAX counts as 0 (and is
 // reported in debug mode), a page id outside [0, num_pages) or a column past max_pages leaves
 // the row zero; no value leads outside the cache or the page table.
@@ -179,8 +180,10 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     // Debug mode: block 0 reads every length (and reports the bad ones and a short num_rows).
     const bool read_all = p.error != 0 && blockIdx.x == 0;
     if (tid < n) s_loc[tid] = make_int2(-1, 0);
+    // One request outside debug mode: every thread reads its length (the rows are its positions).
+    const bool one = p.batch == 1 && p.error == 0;
     // The first lengths, then the guesses (see the top), all issued before any is waited for.
-    const LT len0 = first_length<LT>(p, tid);
+    const LT len0 = first_length<LT>(p, one ? 0 : tid);
     int wlog = -1;  // log2(W), -1 without a window
     PT guess = -1;  // one request: this row's page id; a window: this thread's id in it
     if (p.batch == 1) {
@@ -194,51 +197,61 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     }
     if (wlog >= 0) s_win[tid] = valid_page((i64)guess, p.num_pages);  // -1 where nothing was loaded
 
-    u32 carry = 0;  // rows of the requests before the chunk, saturated
-    for (u32 c0 = 0; c0 < (u32)p.batch;) {
-        const u32 r = c0 + tid;
-        const u32 len = c0 ? length_of<LT, false>(p, r) : checked_length(p, r, (i64)len0);  // len0: 0 past the batch
-        u32 chunk;
-        const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
-        s_inc[tid] = inc;
-        const u32 stop = min(carry + chunk, 0x7fffffffu);
-        __syncthreads();
-        if (tid < n && (u32)row >= carry && (u32)row < stop) {
-            // The first k of the chunk with s_inc[k] > row: the row's request.
-            int lo = 0, hi = (int)min((u32)NG_THREADS, (u32)p.batch - c0) - 1;
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if (s_inc[mid] > (u32)row) hi = mid; else lo = mid + 1;
-            }
-            const u32 start = lo ? s_inc[lo - 1] : carry;  // <= row
-            const u32 pos = (u32)row - start;
-            const int rq = (int)(c0 + lo);
-            const u32 j = (u32)by_page((int)pos);
-            if (j < (u32)p.max_pages) {
-                const i64 page = p.batch == 1 ? (i64)guess  // rq 0, start 0: j is the guessed column
-                    : wlog >= 0 && j < (1u << wlog) ? (i64)s_win[(rq << wlog) + j]
-                    : load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
-                if (page >= 0 && page < p.num_pages) {
-                    s_loc[tid] = make_int2((int)page, (int)(pos - j * (u32)p.page_size));
-                } else {
-                    ng_report(p.error, NG_ERR_PAGE_ID, row, rq,
-                              wlog >= 0 && j < (1u << wlog) ? load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride +
-                                                                                  (i64)j * p.pt_col_stride) : page);
-                }
-            } else {
-                ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
-            }
+    if (one) {  // rows [0, length) are the request's positions 0, 1, ...; the ids were guessed for them
+        if (tid < n && (u32)row < checked_length(p, 0, (i64)len0)) {
+            const u32 j = (u32)by_page(row);
+            if (j < (u32)p.max_pages && (i64)guess >= 0 && (i64)guess < p.num_pages)
+                s_loc[tid] = make_int2((int)guess, (int)((u32)row - j * (u32)p.page_size));
         }
-        carry = stop;
-        if (carry >= (u32)end && !read_all) break;  // every row of the block placed (uniform)
-        __syncthreads();  // s_inc and s_warp are rewritten by the next chunk
-        c0 += NG_THREADS;
-        // A block whose rows lie past the first chunk, in a batch of more than two: skip to its chunk
-        // (s_inc is free until the next chunk rewrites it).
-        if (c0 == NG_THREADS && !read_all && (u32)p.batch > 2 * NG_THREADS && carry <= (u32)row0)
-            c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);
+    } else {
+        u32 carry = 0;  // rows of the requests before the chunk, saturated
+        for (u32 c0 = 0; c0 < (u32)p.batch;) {
+            const u32 r = c0 + tid;
+            // len0: 0 past the batch
+            const u32 len = c0 ? length_of<LT, false>(p, r) : checked_length(p, r, (i64)len0);
+            u32 chunk;
+            const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
+            s_inc[tid] = inc;
+            const u32 stop = min(carry + chunk, 0x7fffffffu);
+            __syncthreads();
+            if (tid < n && (u32)row >= carry && (u32)row < stop) {
+                // The first k of the chunk with s_inc[k] > row: the row's request.
+                int lo = 0, hi = (int)min((u32)NG_THREADS, (u32)p.batch - c0) - 1;
+                while (lo < hi) {
+                    const int mid = (lo + hi) >> 1;
+                    if (s_inc[mid] > (u32)row) hi = mid; else lo = mid + 1;
+                }
+                const u32 start = lo ? s_inc[lo - 1] : carry;  // <= row
+                const u32 pos = (u32)row - start;
+                const int rq = (int)(c0 + lo);
+                const u32 j = (u32)by_page((int)pos);
+                if (j < (u32)p.max_pages) {
+                    const bool in_window = wlog >= 0 && j < (1u << wlog);
+                    const i64 at = (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride;
+                    const i64 page = p.batch == 1 ? (i64)guess  // rq 0, start 0: j is the guessed column
+                        : in_window ? (i64)s_win[(rq << wlog) + j] : load_index<PT>(p.page_table, at);
+                    if (page >= 0 && page < p.num_pages) {
+                        s_loc[tid] = make_int2((int)page, (int)(pos - j * (u32)p.page_size));
+                    } else {
+                        ng_report(p.error, NG_ERR_PAGE_ID, row, rq,
+                                  in_window ? load_index<PT>(p.page_table, at) : page);  // the id as stored
+                    }
+                } else {
+                    ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
+                }
+            }
+            carry = stop;
+            if (carry >= (u32)end && !read_all) break;  // every row of the block placed (uniform)
+            __syncthreads();  // s_inc and s_warp are rewritten by the next chunk
+            c0 += NG_THREADS;
+            // A block whose rows lie past the first chunk, in a batch of more than two: skip to its chunk
+            // (s_inc is free until the next chunk rewrites it).
+            if (c0 == NG_THREADS && !read_all && (u32)p.batch > 2 * NG_THREADS && carry <= (u32)row0)
+                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);
+        }
+        if (read_all && tid == 0 && (i64)carry > p.num_rows)
+            ng_report(p.error, NG_ERR_LENGTH_SUM, carry, p.num_rows, 0);
     }
-    if (read_all && tid == 0 && (i64)carry > p.num_rows) ng_report(p.error, NG_ERR_LENGTH_SUM, carry, p.num_rows, 0);
     __syncthreads();
     copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, p.page_size, p.head_dim, p.scale_words, p.dst_k,
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);

@@ -269,3 +269,35 @@ def test_blocks_far_into_a_large_batch_find_their_rows(emu, debug, shape):
     word alone is a valid length too), nothing read or written outside the tensors; debug mode
     reports (every case has a bad length)."""
     run_in_arenas(emu, [far_case(seed) for seed in range(8)], shape, debug, lambda c: c["tpc"])
+
+
+def one_request_case(seed: int):
+    """One request (the tile entries' scan-free path outside debug mode): a length from a hostile
+    pool (negative, past int32, an int64 whose low word alone is a valid length, one past the
+    page table's columns), page ids from a hostile pool, more rows than the length at times."""
+    rng = random.Random(f"index-k-read-one-{seed}")
+    ps = rng.choice([1, 3, 16, 64])
+    lt, pt = rng.choice([torch.int32, torch.int64]), rng.choice([torch.int32, torch.int64])
+    max_pages, num_pages = rng.randint(1, min(40, 768 // ps)), rng.randint(1, 8)  # within the arena
+    good = rng.randint(0, max_pages * ps)
+    bad = [-1, -2**31, max_pages * ps + 1, 2**31 - 1] + ([2**32 + 3, -2**32 + 2, 2**40] if lt == torch.int64 else [])
+    length = rng.choice(bad) if rng.random() < 0.3 else good
+    plim = I32_MAX if pt == torch.int32 else I64_MAX
+    pool_p = [-plim - 1, -1, num_pages, 2**31 - 1, plim] + ([2**32 + 1] if pt == torch.int64 else [])
+    pages = [[rng.choice(pool_p) if rng.random() < 0.2 else rng.randrange(num_pages) for _ in range(max_pages)]]
+    counted = length if 0 <= length <= I32_MAX else 0
+    num_rows = max(1, min(counted, max_pages * ps + 3) + rng.choice([0, 0, 5, 70]))
+    return arena_case([length], pages, lt, pt, num_pages, ps, num_rows,
+                      f"seed {seed}: page {ps} length {length} pages {pages[0][:12]}", tpc=rng.choice([8, 37, 128, 256]))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork() to isolate the launches")
+@pytest.mark.parametrize("shape", spec.SHAPES)
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_one_request_rows_are_its_positions(emu, debug, shape):
+    """One request: row r is position r (the tile entries take its page id guessed for the row and
+    read no prefix sums outside debug mode): every byte as the reference has it, rows past the
+    length and rows of bad page ids zero, hostile lengths counted as 0, nothing read or written
+    outside the tensors; debug mode reports a bad length."""
+    run_in_arenas(emu, [one_request_case(seed) for seed in range(24)], shape, debug,
+                  lambda c: 8 if shape == "tiny" else min(c["tpc"], 128 if shape == "" else 256))

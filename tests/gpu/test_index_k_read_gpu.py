@@ -32,9 +32,11 @@ def case(rng, batch, mean, ps=64, lt=torch.int32, pt=torch.int32, strided=False,
     return buf, torch.tensor(lens, dtype=lt), table, sum(lens) + spare, max(lens + [0])
 
 
-# (4096, 64): blocks far into a batch of 16 chunks of lengths. (int64, int32): SGLang 0.5.23's own
-# call (forward_batch.seq_lens and an int32 page table).
-@pytest.mark.parametrize("shape", [(1, 1000), (8, 100), (16, 2048), (300, 40), (1024, 256), (4096, 64)])
+# (1, 20000), (1, 60500): one request (no scan) in the tile and the wide entries (132 SMs). (4096, 64): blocks far
+# into a batch of 16 chunks of lengths. (int64, int32): SGLang 0.5.23's own call (forward_batch.seq_lens
+# and an int32 page table).
+@pytest.mark.parametrize("shape", [(1, 1000), (1, 20000), (1, 60500), (8, 100), (16, 2048), (300, 40), (1024, 256),
+                                   (4096, 64)])
 @pytest.mark.parametrize("dtypes", [(torch.int32, torch.int32), (torch.int64, torch.int64), (torch.int32, torch.int64),
                                     (torch.int64, torch.int32)])
 def test_read_matches_the_cpu_path(shape, dtypes):

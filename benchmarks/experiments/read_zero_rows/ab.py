@@ -1,0 +1,75 @@
+"""The index-K read (cuda_src/index_k_read.cu) against a variant whose rows without a location are
+zeroed by their own thread before the copy, so the copy has no zero branch, as the gather's
+(index_k_read_zero_rows.cu, beside this file), in one process, beside our gather on the same rows,
+SGLang 0.5.23's Triton read (where it imports) and a copy of the same bytes. Lengths int64 and page
+ids int32, as SGLang passes them. Bytes checked equal first; then 200 interleaved runs
+(timing.time_samples: L2 flushed, CUDA events), medians and 25th-75th percentiles.
+
+    python3 benchmarks/experiments/read_zero_rows/ab.py [BxM ...]
+
+NOTES v25: on an H100 the variant took 1x131072 from 18.30 to 17.63 us (the gather's 17.63,
+SGLang's 17.89) and left the rows of several requests where they were (their 0.5-1.3 us over the
+gather is the scan's, not the copy's). Not landed: with NVRTC 13.5 its int32-lengths / int64-ids
+wide entry spills 16 bytes and ptxas splits that entry's skip pass (tests/jit/test_sass_order.py).
+Run again here to see whether the single-request gain holds in a second run."""
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/experiments/
+
+import torch
+
+import engine_entries as ee
+from read_vs_gather import ours
+from timing import check_same, copy_fn, flush_buffer, time_samples
+from nvrtc_gather.jit import runtime
+from nvrtc_gather.kernels import index_k_read as spec
+from nvrtc_gather.ops import index_k_read
+
+WORKLOADS = [(1, 131072), (1, 16384), (16, 2048), (64, 2048), (128, 1024), (256, 512), (1024, 256), (4096, 64)]
+VARIANTS = {name: {key: dataclasses.replace(m, name=f"{m.name}_{name}", source=f"index_k_read_{name}.cu",
+                                            source_dir=str(Path(__file__).resolve().parent))
+                    for key, m in spec.MODULES.items()} for name in ("zero_rows",)}
+
+
+def variant(layout, name):
+    """The layout with every launcher built from variant ``name``'s source."""
+    launchers = {}
+    for vec in spec.VECTOR_WIDTHS:
+        handle = runtime.load(VARIANTS[name][(vec, *layout.types)], layout.device,
+                              runtime.current_stream(layout.device))
+        for shape in spec.SHAPES:
+            launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
+    return layout._replace(launchers=launchers, calls={})
+
+
+def main(workloads):
+    flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
+    print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no")
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        fns = ours(w)  # "read" (int64 lengths, as SGLang's) and "gather"
+        want = torch.cat(fns["read"](), 1)
+        layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
+        for name in VARIANTS:
+            old = variant(layout, name)
+            fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens)
+        if acc:
+            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+        for name in list(fns)[1:]:
+            check_same(name, torch.cat(fns[name](), 1), want, w.name)
+        fns["copy"] = copy_fn(w.moved)
+        got = time_samples(fns, flush, 200)
+        tile = layout.shape(w.tokens)
+        print(f"{w.name} (rows a block, shape: {tile}): " + "  ".join(
+            f"{k} {statistics.median(v):.2f} ({statistics.quantiles(v, n=4)[0]:.2f}-"
+            f"{statistics.quantiles(v, n=4)[2]:.2f})" for k, v in got.items()), flush=True)
+        w = fns = old = layout = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main([tuple(int(x) for x in a.split("x")) for a in sys.argv[1:]] or WORKLOADS)
