@@ -17,7 +17,11 @@ tokens goes (NOTES.md v21: neither its lengths' round trips nor its scan's instr
     ncu --clock-control none --csv --print-units base --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \\
         --kernel-name regex:'index_k_read|gather_indexer' \\
-        python3 benchmarks/experiments/read_vs_gather.py profile [BxM ...] > ncu_read.csv"""
+        python3 benchmarks/experiments/read_vs_gather.py profile [BxM ...] > ncu_read.csv
+
+`report ncu_read.csv` prints, per profiled kernel in launch order, its duration, the SM's
+shared-memory carve-out it ran with (add `--metrics launch__shared_mem_config_size` to the ncu
+command), occupancy, and the warp-state stalls above 0.5 cycles an issued instruction."""
 import statistics
 import sys
 from pathlib import Path
@@ -108,7 +112,30 @@ def tiles(workloads):
         torch.cuda.empty_cache()
 
 
+def report(path: str) -> None:
+    """A compact view of an ncu --csv file of the sections in the docstring's command."""
+    import csv
+    kernels = {}
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if len(r) > 10]
+    head = rows[0]
+    col = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+    for r in rows[1:]:
+        k = kernels.setdefault(r[col["ID"]], {"name": r[col["Kernel Name"]]})
+        k[r[col["Metric Name"]]] = r[col["Metric Value"]]
+    keep = ("Duration", "gpu__time_duration.sum", "launch__shared_mem_config_size", "Achieved Occupancy",
+            "Registers Per Thread", "Block Limit Registers", "Block Limit Shared Mem", "Waves Per SM")
+    for i, k in kernels.items():
+        stalls = sorted(((float(v.replace(",", "")), m) for m, v in k.items()
+                         if "stall" in m.lower() and v.replace(",", "").replace(".", "", 1).isdigit()), reverse=True)
+        print(i, k["name"][:40], " ".join(f"{m}={k[m]}" for m in keep if m in k),
+              "stalls:", ", ".join(f"{m} {v:.2f}" for v, m in stalls if v >= 0.5), flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["report"]:
+        report(sys.argv[2])
+        sys.exit()
     args = [tuple(int(x) for x in a.split("x")) for a in sys.argv[2:]] or PROFILE_WORKLOADS
     if sys.argv[1:2] == ["profile"]:
         profile(args)

@@ -11,7 +11,10 @@ NOTES v25: on an H100 the variant took 1x131072 from 18.30 to 17.63 us (the gath
 SGLang's 17.89) and left the rows of several requests where they were (their 0.5-1.3 us over the
 gather is the scan's, not the copy's). Not landed: with NVRTC 13.5 its int32-lengths / int64-ids
 wide entry spills 16 bytes and ptxas splits that entry's skip pass (tests/jit/test_sass_order.py).
-Run again here to see whether the single-request gain holds in a second run."""
+A second run (NOTES v25): 17.49 against 17.95 for 1x131072, the rest within noise. The carve-out
+variants ("carve0", "carve14": main's read, its preferred carve-out set) test whether the read's
+event times over the gather's, where their kernel times under ncu are equal, are the SM's
+shared-memory reconfiguration at launch."""
 import dataclasses
 import statistics
 import sys
@@ -33,6 +36,21 @@ WORKLOADS = [(1, 131072), (1, 16384), (16, 2048), (64, 2048), (128, 1024), (256,
 VARIANTS = {name: {key: dataclasses.replace(m, name=f"{m.name}_{name}", source=f"index_k_read_{name}.cu",
                                             source_dir=str(Path(__file__).resolve().parent))
                     for key, m in spec.MODULES.items()} for name in ("zero_rows",)}
+# main's read under its own module name, its kernels' preferred shared-memory carve-out set (percent
+# of the most shared memory; 0: the most L1): ncu showed the read's wide entry run with a 64 KiB
+# carve-out and the gather's with 32 KiB, kernel times equal at 1x131072, event times 0.8 us apart.
+CARVEOUTS = {"carve0": 0, "carve14": 14}
+VARIANTS.update({name: {key: dataclasses.replace(m, name=f"{m.name}_{name}") for key, m in spec.MODULES.items()}
+                 for name in CARVEOUTS})
+
+
+def _set_carveout(handle, percent: int) -> None:
+    import ctypes
+    from nvrtc_gather.jit import driver
+    lib = ctypes.CDLL(driver.LIBRARY)
+    for function in handle.functions.values():  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+        rc = lib.cuFuncSetAttribute(ctypes.c_void_p(function), 9, percent)
+        assert rc == 0, f"cuFuncSetAttribute: {rc}"
 
 
 def variant(layout, name):
@@ -41,6 +59,8 @@ def variant(layout, name):
     for vec in spec.VECTOR_WIDTHS:
         handle = runtime.load(VARIANTS[name][(vec, *layout.types)], layout.device,
                               runtime.current_stream(layout.device))
+        if name in CARVEOUTS:
+            _set_carveout(handle, CARVEOUTS[name])
         for shape in spec.SHAPES:
             launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
     return layout._replace(launchers=launchers, calls={})
