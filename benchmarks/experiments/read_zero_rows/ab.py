@@ -1,6 +1,6 @@
 """The index-K read (cuda_src/index_k_read.cu) against a variant whose rows without a location are
 zeroed by their own thread before the copy, so the copy has no zero branch, as the gather's
-(index_k_read_zero_rows.cu, beside this file), in one process, beside our gather on the same rows,
+(zero_rows_dir: main's source with that change, built at start), in one process, beside our gather on the same rows,
 SGLang 0.5.23's Triton read (where it imports) and a copy of the same bytes. Lengths int64 and page
 ids int32, as SGLang passes them. Bytes checked equal first; then 200 interleaved runs
 (timing.time_samples: L2 flushed, CUDA events), medians and 25th-75th percentiles.
@@ -18,6 +18,7 @@ shared-memory reconfiguration at launch."""
 import dataclasses
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
@@ -28,14 +29,41 @@ import torch
 import engine_entries as ee
 from read_vs_gather import ours
 from timing import check_same, copy_fn, flush_buffer, time_samples
-from nvrtc_gather.jit import runtime
+from nvrtc_gather.jit import runtime, sources
 from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
 WORKLOADS = [(1, 131072), (1, 16384), (16, 2048), (64, 2048), (128, 1024), (256, 512), (1024, 256), (4096, 64)]
-VARIANTS = {name: {key: dataclasses.replace(m, name=f"{m.name}_{name}", source=f"index_k_read_{name}.cu",
-                                            source_dir=str(Path(__file__).resolve().parent))
-                    for key, m in spec.MODULES.items()} for name in ("zero_rows",)}
+_ZERO_ROW = """// Output row `row` as zeros: its fp8 values in KVEC-byte vectors, then its scale words.
+template <int KVEC>
+__device__ __forceinline__ void zero_row(const IndexKReadParams& p, int row) {
+    typedef typename Vec<KVEC>::T V;
+    V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
+    for (int c = 0; c < p.head_dim / KVEC; ++c) dst[c] = V();
+    u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
+    for (int w = 0; w < p.scale_words; ++w) sdst[w] = 0u;
+}
+
+"""
+
+
+def zero_rows_dir() -> str:
+    """A directory holding the variant: main's cuda_src/index_k_read.cu with every row without a
+    location zeroed by its own thread before the barrier and the copy the gather's (no zero branch)."""
+    src = sources.read_source("index_k_read.cu")
+    body = "template <int KVEC, int UNROLL, typename LT, typename PT>\n__device__ __forceinline__ void index_k_read_body("
+    copy = "    __syncthreads();\n    copy_tile<KVEC, UNROLL, true>("
+    assert src.count(body) == 1 and src.count(copy) == 1, "main's read changed: update the variant"
+    src = src.replace(body, _ZERO_ROW + body).replace(
+        copy, "    if (tid < n && s_loc[tid].x < 0) zero_row<KVEC>(p, row);\n"
+              "    __syncthreads();\n    copy_tile<KVEC, UNROLL, false>(")
+    out = Path(tempfile.mkdtemp()) / "index_k_read_zero_rows.cu"
+    out.write_text(src)
+    return str(out.parent)
+
+
+VARIANTS = {"zero_rows": {key: dataclasses.replace(m, name=f"{m.name}_zero_rows", source="index_k_read_zero_rows.cu",
+                                                   source_dir=zero_rows_dir()) for key, m in spec.MODULES.items()}}
 # main's read under its own module name, its kernels' preferred shared-memory carve-out set (percent
 # of the most shared memory; 0: the most L1): ncu showed the read's wide entry run with a 64 KiB
 # carve-out and the gather's with 32 KiB, kernel times equal at 1x131072, event times 0.8 us apart.
