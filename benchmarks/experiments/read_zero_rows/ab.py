@@ -1,20 +1,19 @@
 """The index-K read (cuda_src/index_k_read.cu) against a variant whose rows without a location are
 zeroed by their own thread before the copy, so the copy has no zero branch, as the gather's
-(zero_rows_dir: main's source with that change, built at start), in one process, beside our gather on the same rows,
-SGLang 0.5.23's Triton read (where it imports) and a copy of the same bytes. Lengths int64 and page
-ids int32, as SGLang passes them. Bytes checked equal first; then 200 interleaved runs
-(timing.time_samples: L2 flushed, CUDA events), medians and 25th-75th percentiles.
+(zero_rows_dir: main's source with that change, built at start), and against main's read with its
+preferred shared-memory carve-out set ("carve0", "carve14"), in one process, beside our gather on
+the same rows, SGLang 0.5.23's Triton read (where it imports) and a copy of the same bytes. Lengths
+int64 and page ids int32, as SGLang passes them. Bytes checked equal first; then 200 interleaved
+runs (timing.time_samples: L2 flushed, CUDA events), medians and 25th-75th percentiles.
 
     python3 benchmarks/experiments/read_zero_rows/ab.py [BxM ...]
 
-NOTES v25: on an H100 the variant took 1x131072 from 18.30 to 17.63 us (the gather's 17.63,
-SGLang's 17.89) and left the rows of several requests where they were (their 0.5-1.3 us over the
-gather is the scan's, not the copy's). Not landed: with NVRTC 13.5 its int32-lengths / int64-ids
-wide entry spills 16 bytes and ptxas splits that entry's skip pass (tests/jit/test_sass_order.py).
-A second run (NOTES v25): 17.49 against 17.95 for 1x131072, the rest within noise. The carve-out
-variants ("carve0", "carve14": main's read, its preferred carve-out set) test whether the read's
-event times over the gather's, where their kernel times under ncu are equal, are the SM's
-shared-memory reconfiguration at launch."""
+NOTES v25 (H100, three runs): the variant took 1x131072 0.4-0.7 us under main's read (17.49-17.78
+against 17.95-18.30; the gather 17.15-17.63, SGLang 17.79-17.98) and left the rows of several
+requests where they were. Not landed: with NVRTC 13.5 its int32-lengths / int64-ids wide entry
+spills 16 bytes and ptxas splits that entry's skip pass (tests/jit/test_sass_order.py). The
+carve-out variants refuted the SM's shared-memory reconfiguration as the read's event-timed gap
+over the gather (carve14 timed as main; carve0 cut occupancy)."""
 import dataclasses
 import statistics
 import sys
