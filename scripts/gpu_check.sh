@@ -34,6 +34,13 @@ if ls .whl/*.whl > /dev/null 2>&1; then
   # accessor: SGLang must import, but only its accessor's imports are carried (not its backends')
   ls .whl/sglang-*.whl > /dev/null 2>&1 && export NVRTC_GATHER_REQUIRE_SGLANG=accessor
 fi
+# One compute-sanitizer run (its tool, then pytest's paths and options) of the fast GPU tests,
+# appended to $OUT/<tool>.log, its summary lines shown; a failure sets status
+sanitize() {
+  local tool=$1; shift
+  compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
+    "$@" 2>&1 | tee -a "$OUT/$tool.log" | tail -8 || status=1
+}
 stages=${*:-tests cli memcheck bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| cuda-bindings', m.version('cuda-bindings'), '| nvidia-cuda-nvrtc', m.version('nvidia-cuda-nvrtc'))"
@@ -70,38 +77,24 @@ for stage in $stages; do
       python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_two_gpus.py 2>&1 | tee "$OUT/twogpu.log" | tail -25 || status=1 ;;
     memcheck)
       : > "$OUT/memcheck.log"  # one log for the four runs (a device call brings back 8 files at most)
-      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py tests/gpu/test_index_extremes_gpu.py -k "not second_process" 2>&1 \
-        | tee -a "$OUT/memcheck.log" | tail -8 || status=1
+      sanitize memcheck tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py tests/gpu/test_index_extremes_gpu.py \
+        -k "not second_process"
       # the MLA-cache ops: their bad-index and misalignment tests (the whole grid would take long under memcheck)
-      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_mla_gpu.py -k "bad_indices or slots_past or misalignment or nothing_to_do or padding_only" 2>&1 \
-        | tee -a "$OUT/memcheck.log" | tail -8 || status=1
+      sanitize memcheck tests/gpu/test_mla_gpu.py -k "bad_indices or slots_past or misalignment or nothing_to_do or padding_only"
       # the chunked-context gathers: bad indices, the ANY entry points, cut rows
-      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_cache_gather_gpu.py -k "bad_indices or misaligned or rows_cut or fast_path" 2>&1 \
-        | tee -a "$OUT/memcheck.log" | tail -8 || status=1
+      sanitize memcheck tests/gpu/test_cache_gather_gpu.py -k "bad_indices or misaligned or rows_cut or fast_path"
       # SGLang's index-K read and DeepSeek-V4's record gathers: bad values, small calls, vLLM's form
-      compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_index_k_read_gpu.py tests/gpu/test_dsv4_gather_gpu.py \
-        -k "bad_values or bad_indices or shape0 or shape1 or vllm_form or flat_forms" 2>&1 \
-        | tee -a "$OUT/memcheck.log" | tail -8 || status=1 ;;
+      sanitize memcheck tests/gpu/test_index_k_read_gpu.py tests/gpu/test_dsv4_gather_gpu.py \
+        -k "bad_values or bad_indices or shape0 or shape1 or vllm_form or flat_forms" ;;
     racecheck)
       : > "$OUT/racecheck.log"  # one log for the four runs, as memcheck's
-      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide" 2>&1 | tee -a "$OUT/racecheck.log" | tail -5 || status=1
+      sanitize racecheck tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide"
       # the MLA gather (shared memory between its search and copy phases) and the write (warp shuffles)
-      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_mla_gpu.py -k "forced_rows_per_cta or request_search or round_trip" 2>&1 \
-        | tee -a "$OUT/racecheck.log" | tail -5 || status=1
+      sanitize racecheck tests/gpu/test_mla_gpu.py -k "forced_rows_per_cta or request_search or round_trip"
       # the chunked-context gathers (shared memory between the row search and the copy)
-      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_cache_gather_gpu.py -k "request_counts and (33 or 1024)" 2>&1 \
-        | tee -a "$OUT/racecheck.log" | tail -5 || status=1
+      sanitize racecheck tests/gpu/test_cache_gather_gpu.py -k "request_counts and (33 or 1024)"
       # SGLang's index-K read (shared memory between its lengths' scan, row search and copy)
-      compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m "gpu and not slow" \
-        tests/gpu/test_index_k_read_gpu.py -k "read_matches" 2>&1 \
-        | tee -a "$OUT/racecheck.log" | tail -5 || status=1 ;;
+      sanitize racecheck tests/gpu/test_index_k_read_gpu.py -k "read_matches" ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "
