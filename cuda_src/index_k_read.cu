@@ -8,7 +8,9 @@
 //  1. The block scans the lengths NG_THREADS at a time (one per thread, a block-wide prefix
 //     sum), saturating at INT32_MAX (no row reaches it: the host keeps num_rows + NG_THREADS
 //     <= INT32_MAX). Each of its rows that falls inside the chunk finds its request by a
-//     binary search of the chunk's prefix sums in shared memory, checks its page and parks
+//     binary search of the chunk's prefix sums in shared memory, between the requests of the
+//     block's first and last rows (ballots beside the scan's barrier find both: where a block
+//     spans one or two requests, one step instead of eight), checks its page and parks
 //     (page, token in page) in shared memory (page -1: a zero row). The scan stops once
 //     it has passed the block's last row: early blocks read few lengths. A block whose rows lie
 //     past the first chunk of a batch of more than two chunks skips ahead (skip_chunks): it
@@ -168,6 +170,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row; page -1 = a zero row
     __shared__ u32 s_inc[NG_THREADS];   // the chunk's inclusive prefix sums (rows before included); skip_chunks' words
     __shared__ u32 s_warp[NG_THREADS / 32];
+    __shared__ u32 s_bound[NG_THREADS / 32];  // per warp: its requests ending at or before row0 (low half), end - 1 (high)
     __shared__ int s_win[NG_THREADS];   // the window of page ids (valid_page), with <= WINDOW_REQS requests
 
     const int tid = threadIdx.x;
@@ -213,10 +216,20 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
             const u32 inc = min(block_prefix_sat(len, s_warp, &chunk) + carry, 0x7fffffffu);
             s_inc[tid] = inc;
             const u32 stop = min(carry + chunk, 0x7fffffffu);
+            // The requests of the block's first and last rows bound every row's search: the
+            // chunk's requests ending at or before each (s_inc is non-decreasing), counted by warp.
+            const u32 below_first = __popc(__ballot_sync(0xffffffffu, inc <= (u32)row0));
+            const u32 below_last = __popc(__ballot_sync(0xffffffffu, inc <= (u32)end - 1));
+            if ((tid & 31) == 0) s_bound[tid >> 5] = below_first | below_last << 16;
             __syncthreads();
             if (tid < n && (u32)row >= carry && (u32)row < stop) {
-                // The first k of the chunk with s_inc[k] > row: the row's request.
-                int lo = 0, hi = (int)min((u32)NG_THREADS, (u32)p.batch - c0) - 1;
+                // The first k of the chunk with s_inc[k] > row: the row's request, between the
+                // first and the last row's (the chunk's last request has s_inc = stop > row).
+                u32 bounds = 0;
+#pragma unroll
+                for (int w = 0; w < NG_THREADS / 32; ++w) bounds += s_bound[w];
+                int lo = (int)(bounds & 0xffffu);
+                int hi = (int)min(bounds >> 16, min((u32)NG_THREADS, (u32)p.batch - c0) - 1);
                 while (lo < hi) {
                     const int mid = (lo + hi) >> 1;
                     if (s_inc[mid] > (u32)row) hi = mid; else lo = mid + 1;

@@ -16,12 +16,14 @@ __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
     const int vpt = p.head_dim / VEC;  // vectors per token; the host guarantees head_dim % VEC == 0
     const i64 nvec = (i64)p.num_tokens * vpt;
     const i64 units = nvec + (i64)p.num_tokens * p.scale_words;
-    const FastDiv block_size(p.block_size);
+    const FastDiv block_size(p.block_size), by_vpt(vpt), by_words(p.scale_words);
+    // A unit's token by a shift where both counts per token are powers of two and units fit 31 bits
+    const bool shifts = units <= 0x7fffffff && by_vpt.shift >= 0 && by_words.shift >= 0;
     for (i64 u = (i64)blockIdx.x * NG_THREADS + threadIdx.x; u < units; u += (i64)gridDim.x * NG_THREADS) {
         const bool is_value = u < nvec;
         const i64 w = is_value ? u : u - nvec;
         const int per = is_value ? vpt : p.scale_words;
-        const int t = (int)(w / per);  // < num_tokens, an i32
+        const int t = shifts ? (int)w >> (is_value ? by_vpt.shift : by_words.shift) : (int)(w / per);  // < num_tokens
         const int c = (int)(w - (i64)t * per);
         // The slot and this unit's bytes, both loaded before either is looked at: one DRAM round
         // trip, not the slot's then the data's (the data does not depend on the slot, and row t

@@ -51,6 +51,41 @@ def test_sglang_shapes_many_tokens_past_the_grid_cap():
     assert torch.equal(kv, want)
 
 
+@pytest.mark.slow
+def test_units_past_int32_take_the_64_bit_split():
+    """68M tokens at vector width 4 (k 4 bytes off its allocation): 32 value units a token, so
+    units past 2**31, where the kernel splits a unit into (token, column) by 64-bit division
+    instead of a shift of 32-bit values. Slots reversed, every 1000th padding; each token's
+    values and scale checked where its slot puts them (~20 GB of GPU memory)."""
+    T, bs = 68_000_000, 64
+    assert T * (128 // 4) > 2**31
+    if torch.cuda.mem_get_info()[0] < 24 << 30:
+        pytest.skip("needs ~20 GB of free GPU memory")
+    nb = -(-T // bs)
+    kv = torch.zeros(nb, bs * 132, dtype=torch.uint8, device="cuda")
+    raw = torch.empty(T * 128 + 4, dtype=torch.uint8, device="cuda")
+    k = raw[4:].view(T, 128)
+    k.random_(0, 256)
+    scale = torch.arange(T, device="cuda", dtype=torch.float32).add_(1.0)
+    slots = torch.arange(T - 1, -1, -1, device="cuda", dtype=torch.int64)
+    slots[::1000] = -1
+    assert op.launch_config(op.plan_scatter(k.view(FP8), scale, kv.view(nb, bs, 132), slots)).entry.startswith(
+        spec.entry_name(4))
+    ng.indexer_k_scatter(k.view(FP8), scale, kv.view(nb, bs, 132), slots)
+    torch.cuda.synchronize()
+    values = kv[:, :bs * 128].view(nb, bs, 128)  # views: each check gathers only its own rows
+    scales = kv[:, bs * 128:].view(nb, bs, 4)
+    for t0 in range(0, T, 8_000_000):
+        t = torch.arange(t0, min(T, t0 + 8_000_000), device="cuda")
+        sl = slots[t]
+        kept = sl >= 0
+        at = sl[kept]
+        assert torch.equal(values[at // bs, at % bs], k[t[kept]]), t0
+        assert torch.equal(scales[at // bs, at % bs].view(torch.float32).view(-1), scale[t[kept]]), t0
+        pad = T - 1 - t[~kept]  # the padding tokens' slots: untouched zeros
+        assert not values[pad // bs, pad % bs].any() and not scales[pad // bs, pad % bs].any(), t0
+
+
 def test_slots_past_the_cache_are_skipped_and_reported_in_debug_mode(monkeypatch):
     c = make_scatter_case(random.Random(9), device="cuda", head_dim=128, nq=1, block_size=64, num_blocks=3,
                           num_tokens=8, padding=0)
