@@ -219,8 +219,11 @@ def _leave(method: str, reason: str, detail: str) -> None:
         log.info("nvrtc_gather: SGLang's %s keeps its own path for %s (%s)", method, reason, detail)
 
 
-def _page_size(pool) -> int:
-    return pool.index_page_size if hasattr(pool, "index_page_size") else pool.page_size
+def _pool_sizes(pool) -> tuple:
+    """(page_size, index_head_dim, quant_block_size) of an SGLang pool, as the read and write take
+    them; AttributeError for an object without them."""
+    page_size = pool.index_page_size if hasattr(pool, "index_page_size") else pool.page_size
+    return page_size, pool.index_head_dim, getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE)
 
 
 _ROCM = torch.version.hip is not None
@@ -235,8 +238,8 @@ def _unserved(buf, pool, k=None, k_scale=None) -> tuple[str, str] | None:
     if buf.device.type not in ("cuda", "cpu"):
         return "device", f"tensors on {buf.device.type}"
     try:
-        page_size, head_dim = _page_size(pool), pool.index_head_dim
-        nq = head_dim // getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE)
+        page_size, head_dim, block = _pool_sizes(pool)
+        nq = head_dim // block
     except (AttributeError, TypeError, ZeroDivisionError) as e:
         return "pool", f"a pool without the sizes the layout needs ({e})"
     if buf.dim() != 2 or buf.size(1) != page_size * (head_dim + 4 * nq):
@@ -299,13 +302,12 @@ def _get_hook(sglang_execute):
         except TypeError:  # another call (SGLang's older single-request one): its own path
             _leave("GetKAndS.execute", "call", "a call with other arguments")
             return sglang_execute(*args, **kwargs)
-        if not _ROCM:  # a layout the read remembers passed every check _unserved makes: skip them
-            try:
-                sizes = (_page_size(pool), pool.index_head_dim, getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
-            except AttributeError:
-                sizes = None
-            out = sizes and index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum,
-                                                         max_seq_len, *sizes)
+        try:
+            sizes = _pool_sizes(pool)
+        except AttributeError:  # a pool without the sizes: _unserved names it
+            sizes = None
+        if sizes and not _ROCM:  # a layout the read remembers passed every check _unserved makes: skip them
+            out = index_k_read.read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len, *sizes)
             if out is not None:
                 return out
         why = _unserved(buf, pool)
@@ -346,9 +348,9 @@ def _set_hook(sglang_execute):
         if why is not None:
             _leave("SetKAndS.execute", *why)
             return sglang_execute(*args, **kwargs)
-        set_index_k_scale_buffer(buf, loc, index_k, index_k_scale, page_size=_page_size(pool),
-                                 index_head_dim=pool.index_head_dim,
-                                 quant_block_size=getattr(pool, "quant_block_size", QUANT_BLOCK_SIZE))
+        page_size, head_dim, block = _pool_sizes(pool)
+        set_index_k_scale_buffer(buf, loc, index_k, index_k_scale, page_size=page_size, index_head_dim=head_dim,
+                                 quant_block_size=block)
     return execute
 
 
