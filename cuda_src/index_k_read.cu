@@ -303,31 +303,10 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
             window = load_now<PT>(p.page_table, (i64)k * p.pt_row_stride + (i64)c * p.pt_col_stride);
         }
     }
-    // The destination row's addresses, computed while the loads are in flight.
-    V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
-    u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
     const u32 cap = 0x7fffffffu;
     u32 carry = 0, start = 0;
     int rq = -1;
-    if (p.batch <= 32 && p.error == 0) {
-        // Straight line, one chunk, sums in 32 bits without saturation: the row's request and every
-        // one before it end below 2^32 (lengths <= INT32_MAX, rows < INT32_MAX), so their sums are
-        // exact; a later lane's sum may wrap and claim the row too, but the lowest claimant is its
-        // request. A row past the lengths' sum (< 2^31) has no claimant: no sum wraps then.
-        const i64 x = (i64)len0;  // 0 past the batch
-        const u32 len = x >= 0 && x <= 0x7fffffff ? (u32)x : 0u;
-        u32 inc = len;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const u32 y = (u32)__shfl_sync(0xffffffffu, (int)inc, lane >= d ? lane - d : lane);
-            if (lane >= d) inc += y;
-        }
-        const u32 excl = inc - len;
-        const u32 m = __ballot_sync(0xffffffffu, excl <= (u32)row && (u32)row < inc);  // one lane, or none
-        const int k = __ffs(m) - 1;
-        start = (u32)__shfl_sync(0xffffffffu, (int)excl, k & 31);
-        rq = k;  // -1: the row is past the lengths' sum
-    } else for (u32 c0 = 0; c0 < (u32)p.batch; c0 += 32) {
+    for (u32 c0 = 0; c0 < (u32)p.batch; c0 += 32) {
         const u32 r = c0 + lane;
         const u32 len = c0 ? length_of<LT, true>(p, r) : checked_length(p, r, (i64)len0);  // len0: 0 past the batch
         u32 inc = len;
@@ -352,7 +331,7 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     int page = -1, slot = 0;
     if (rq >= 0) {
         const u32 pos = (u32)row - start;  // start <= row
-        const u32 j = (p.page_size & (p.page_size - 1)) == 0 ? pos >> (__ffs(p.page_size) - 1) : pos / (u32)p.page_size;
+        const u32 j = pos / (u32)p.page_size;
         // Every lane shuffles (rq and j are the warp's); the value counts only inside the window.
         const i64 w = shfl_id(window, (int)((((u32)rq << (wlog & 31)) | j) & 31u));
         i64 id = -1;
@@ -370,6 +349,8 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
         }
     }
     const int vpt = p.head_dim / KVEC;
+    V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
+    u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
     if (page < 0) {  // a zero row
         for (int c = lane; c < vpt; c += 32) dst[c] = V();
         for (int c = lane; c < p.scale_words; c += 32) sdst[c] = 0u;
