@@ -133,6 +133,30 @@ def test_a_row_count_below_the_lengths_sum_writes_only_its_rows(emu):
     del rng
 
 
+@pytest.mark.parametrize("lens", [
+    [5, I32_MAX, I32_MAX, I32_MAX, 7, 3],  # later sums wrap past 2^32 and land below the row count
+    [3, 0, I32_MAX - 2, I32_MAX, 2, 9],
+    [I32_MAX, I32_MAX, 1, 1],              # every row in the first request
+    [2, 3, 0, 2**31, 4, I32_MAX],          # a length past int32 counts as 0
+])
+@pytest.mark.parametrize("lt", [torch.int32, torch.int64])
+def test_small_calls_with_lengths_whose_sums_wrap(emu, lens, lt):
+    """Lengths at and near INT32_MAX after short ones, whose running sums pass 2^31 and 2^32 within
+    one chunk: each row still goes to its own request (a sum that wrapped instead of saturating
+    would let a later request claim it), rows past the sum are zero; every shape against the
+    reference, 40 rows from 4-page requests."""
+    if lt == torch.int32 and any(n > I32_MAX for n in lens):
+        lens = [n if n <= I32_MAX else -n % 2**31 for n in lens]
+    ps, hd, nq, num_rows = 16, 128, 1, 40
+    pages = [[(4 * r + j) % 11 for j in range(4)] for r in range(len(lens))]
+    buf = torch.randint(0, 256, (11, ps * 132), dtype=torch.uint8, generator=torch.Generator().manual_seed(len(lens)))
+    seq, table = torch.tensor(lens, dtype=lt), torch.tensor(pages, dtype=torch.int32)
+    want_k, want_s = reference(buf, lens, pages, num_rows, ps, hd, nq)
+    for shape in spec.SHAPES:
+        k, s = run(emu, buf, seq, table, num_rows, ps, hd, nq, tpc=8, shape=shape)
+        assert torch.equal(k, want_k) and torch.equal(s, want_s), (lens, shape)
+
+
 @pytest.mark.parametrize("shape", spec.SHAPES)
 @pytest.mark.parametrize("bad, code", [
     (dict(lens=[5, -3, 4]), 11), (dict(lens=[5, 2**31, 4]), 11), (dict(pages=[[0], [9], [1]]), 14),
