@@ -38,6 +38,8 @@ import paged_batch as pb
 from timing import check_same, copy_fn, flush_buffer, time_samples
 import nvrtc_gather as ng
 from nvrtc_gather.integrations import sglang as hook
+from nvrtc_gather.jit import runtime
+from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
 WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256)]
@@ -57,6 +59,30 @@ def ours(w) -> dict:
     return {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args()), "gather": gather}
 
 
+def layout_of(w):
+    """The layout our read remembered for workload ``w`` (SGLang's sizes), after one call."""
+    return index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
+
+
+def rebuilt(layout, modules: dict, on_load=None):
+    """``layout`` with every launcher built from ``modules`` (spec.MODULES' keys -> a module of the
+    same entry points: a base or variant build), each loaded module given to ``on_load`` first."""
+    launchers = {}
+    for vec in spec.VECTOR_WIDTHS:
+        handle = runtime.load(modules[(vec, *layout.types)], layout.device, runtime.current_stream(layout.device))
+        if on_load is not None:
+            on_load(handle)
+        for shape in spec.SHAPES:
+            launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
+    return layout._replace(launchers=launchers, calls={})
+
+
+def medians(got: dict) -> str:
+    """Each function's median µs and its 25th-75th percentiles, as the scripts print them."""
+    q = {k: statistics.quantiles(v, n=4) for k, v in got.items()}
+    return "  ".join(f"{k} {statistics.median(v):.2f} ({q[k][0]:.2f}-{q[k][2]:.2f})" for k, v in got.items())
+
+
 def main():
     flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
     print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no")
@@ -69,10 +95,7 @@ def main():
         for name in list(fns)[1:]:
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
-        got = time_samples(fns, flush, 200)
-        q = {k: statistics.quantiles(v, n=4) for k, v in got.items()}
-        print(f"{w.name}: " + "  ".join(f"{k} {statistics.median(v):.2f} ({q[k][0]:.2f}-{q[k][2]:.2f})"
-                                        for k, v in got.items()), flush=True)
+        print(f"{w.name}: " + medians(time_samples(fns, flush, 200)), flush=True)
         w = None
         torch.cuda.empty_cache()
 
@@ -101,7 +124,7 @@ def tiles(workloads):
         w = ee.Workload(batch, mean)
         fns = ours(w)
         want = torch.cat(fns["read"](), 1)
-        layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
+        layout = layout_of(w)
         for tpc, shape in ((64, ""), (128, ""), (256, ""), (256, "wide")):
             name = f"read {tpc}{' wide' if shape else ''}"
             fixed = layout._replace(shape=lambda n, tpc=tpc, shape=shape: (tpc, shape), launchers={}, calls={})
@@ -135,10 +158,7 @@ def rotate(workloads, copies: int = 8) -> None:
             check_same(name, torch.cat(sets[0][name](), 1), want, ws[0].name)
         turn = {name: iter(range(1 << 62)) for name in sets[0]}
         fns = {name: (lambda name=name: sets[next(turn[name]) % copies][name]()) for name in sets[0]}
-        got = time_samples(fns, no_flush, 200)
-        q = {k: statistics.quantiles(v, n=4) for k, v in got.items()}
-        print(f"{ws[0].name} ({copies} copies, code warm): " + "  ".join(
-            f"{k} {statistics.median(v):.2f} ({q[k][0]:.2f}-{q[k][2]:.2f})" for k, v in got.items()), flush=True)
+        print(f"{ws[0].name} ({copies} copies, code warm): " + medians(time_samples(fns, no_flush, 200)), flush=True)
         ws = sets = fns = None
         torch.cuda.empty_cache()
 

@@ -14,7 +14,6 @@ shared-memory steps instead of 8 where a block spans one or two requests (16x204
 (MUFU.RCP chain, ~80 cycles before the slot load), ~0.05 us on the latency-bound rows (1x1000,
 8x100). Both are small against the rows' spreads; a run decides."""
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,10 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import torch
 
 import engine_entries as ee
-from read_vs_gather import ours
+from read_vs_gather import layout_of, medians, ours, rebuilt
 from timing import check_same, copy_fn, flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
-from nvrtc_gather.jit import runtime
 from nvrtc_gather.kernels import index_k_read as read_spec
 from nvrtc_gather.kernels import indexer_k_scatter as write_spec
 from nvrtc_gather.ops import index_k_read, indexer_k_scatter
@@ -38,15 +36,6 @@ def base_modules(spec, base_dir: str) -> dict:
     return {key: dataclasses.replace(m, name=f"{m.name}_base", source_dir=base_dir) for key, m in spec.MODULES.items()}
 
 
-def read_base(layout, modules):
-    launchers = {}
-    for vec in read_spec.VECTOR_WIDTHS:
-        handle = runtime.load(modules[(vec, *layout.types)], layout.device, runtime.current_stream(layout.device))
-        for shape in read_spec.SHAPES:
-            launchers[vec, shape] = handle.launcher(read_spec.entry_name(vec, *layout.types, shape), 0, layout.image)
-    return layout._replace(launchers=launchers, calls={})
-
-
 def main(base_dir: str, workloads):
     flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
     reads, writes = base_modules(read_spec, base_dir), base_modules(write_spec, base_dir)
@@ -56,8 +45,7 @@ def main(base_dir: str, workloads):
         # the read: ours through SGLang's entry, the base build on the same layout
         fns = ours(w)
         want = torch.cat(fns["read"](), 1)
-        layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
-        old = read_base(layout, reads)
+        old = rebuilt(layout_of(w), reads)
         fns["read_base"] = lambda: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens)
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
@@ -81,14 +69,12 @@ def main(base_dir: str, workloads):
             check_same("sglang", theirs, mine, w.name)
         wfns["copy"] = copy_fn(w.moved)
         report(w.name + " write", time_samples(wfns, flush, 200))
-        w = fns = wfns = old = layout = mine = base = theirs = None
+        w = fns = wfns = old = mine = base = theirs = None
         torch.cuda.empty_cache()
 
 
 def report(name: str, got: dict) -> None:
-    print(f"{name}: " + "  ".join(
-        f"{k} {statistics.median(v):.2f} ({statistics.quantiles(v, n=4)[0]:.2f}-"
-        f"{statistics.quantiles(v, n=4)[2]:.2f})" for k, v in got.items()), flush=True)
+    print(f"{name}: {medians(got)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ spills 16 bytes and ptxas splits that entry's skip pass (tests/jit/test_sass_ord
 carve-out variants refuted the SM's shared-memory reconfiguration as the read's event-timed gap
 over the gather (carve14 timed as main; carve0 cut occupancy)."""
 import dataclasses
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -26,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/exper
 import torch
 
 import engine_entries as ee
-from read_vs_gather import ours
+from read_vs_gather import layout_of, medians, ours, rebuilt
 from timing import check_same, copy_fn, flush_buffer, time_samples
-from nvrtc_gather.jit import runtime, sources
+from nvrtc_gather.jit import sources
 from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
@@ -82,15 +81,8 @@ def _set_carveout(handle, percent: int) -> None:
 
 def variant(layout, name):
     """The layout with every launcher built from variant ``name``'s source."""
-    launchers = {}
-    for vec in spec.VECTOR_WIDTHS:
-        handle = runtime.load(VARIANTS[name][(vec, *layout.types)], layout.device,
-                              runtime.current_stream(layout.device))
-        if name in CARVEOUTS:
-            _set_carveout(handle, CARVEOUTS[name])
-        for shape in spec.SHAPES:
-            launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
-    return layout._replace(launchers=launchers, calls={})
+    carve = CARVEOUTS.get(name)
+    return rebuilt(layout, VARIANTS[name], None if carve is None else lambda handle: _set_carveout(handle, carve))
 
 
 def main(workloads):
@@ -100,7 +92,7 @@ def main(workloads):
         w = ee.Workload(batch, mean)
         fns = ours(w)  # "read" (int64 lengths, as SGLang's) and "gather"
         want = torch.cat(fns["read"](), 1)
-        layout = index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
+        layout = layout_of(w)
         for name in VARIANTS:
             old = variant(layout, name)
             fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens)
@@ -110,10 +102,7 @@ def main(workloads):
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, 200)
-        tile = layout.shape(w.tokens)
-        print(f"{w.name} (rows a block, shape: {tile}): " + "  ".join(
-            f"{k} {statistics.median(v):.2f} ({statistics.quantiles(v, n=4)[0]:.2f}-"
-            f"{statistics.quantiles(v, n=4)[2]:.2f})" for k, v in got.items()), flush=True)
+        print(f"{w.name} (rows a block, shape: {layout.shape(w.tokens)}): " + medians(got), flush=True)
         w = fns = old = layout = None
         torch.cuda.empty_cache()
 
