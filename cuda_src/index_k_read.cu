@@ -64,8 +64,10 @@ __device__ __forceinline__ u32 block_prefix_sat(u32 v, u32* s_warp, u32* total) 
 
 #define WINDOW_REQS 64  // W >= 4 columns
 
-// Request r's length as the kernel counts it, from its value x: 0 for a value that is negative or
-// past int32 (reported in debug mode).
+// A length as the kernel counts it, from its value x: 0 for a value that is negative or past int32.
+__device__ __forceinline__ u32 length_value(i64 x) { return x >= 0 && x <= 0x7fffffff ? (u32)x : 0u; }
+
+// Request r's length (length_value), a bad value reported in debug mode.
 __device__ __forceinline__ u32 checked_length(const IndexKReadParams& p, u32 r, i64 x) {
     if (x >= 0 && x <= 0x7fffffff) return (u32)x;
     ng_report(p.error, NG_ERR_LENGTH, r, x, 0);
@@ -268,6 +270,93 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     __syncthreads();
     copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, p.page_size, p.head_dim, p.scale_words, p.dst_k,
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
+}
+
+// Request-major tiles (the host's choice for 2 to NG_THREADS requests, where the engine's
+// max_seq_len keeps the grid near the rows): block b works for request r = b % R (R = max(batch,
+// 1)) on its positions [y*T, y*T + T), y = b / R, then y + Y, y + 2Y, ... (Y = gridDim.x / R, T =
+// tokens_per_cta), so the grid sets only how many blocks share a request, never which rows are
+// written. A block knows its request from its index, so its rows' page ids load beside the
+// lengths: every row's bytes are two DRAM round trips away, with no scan and no search between.
+// The lengths before r are summed (saturating) for the destination rows alone. The last
+// request's blocks also write the zero rows past the lengths' sum, up to num_rows. Index values
+// are untrusted as in index_k_read_body, with the same reports in debug mode.
+template <int KVEC, int UNROLL, typename LT, typename PT>
+__device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& p) {
+    __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row of the tile; page -1 = a zero row
+    __shared__ u32 s_part[NG_THREADS / 32];  // per warp: its lengths before the request, saturated
+
+    const int tid = threadIdx.x, lane = tid & 31;
+    const u32 cap = 0x7fffffffu;
+    const u32 R = (u32)max(p.batch, 1), Y = gridDim.x / R;
+    if (blockIdx.x >= R * Y) return;  // the whole block (the host launches R * Y)
+    const u32 rq = blockIdx.x % R, y0 = blockIdx.x / R;
+    const bool last = rq == R - 1, has = rq < (u32)p.batch;
+    const u32 T = (u32)p.tokens_per_cta;
+    const FastDiv by_page(p.page_size);
+    // One round trip: the lengths before the request (one a thread), its own, the first tile's page
+    // ids (the column found first: with the division between them, ptxas waited for the lengths).
+    const u64 pos0 = (u64)y0 * T + (u32)tid;
+    const u32 j0 = has && (u32)tid < T && pos0 <= cap ? (u32)by_page((int)pos0) : 0xffffffffu;
+    const LT x0 = (u32)tid < rq ? load_now<LT>(p.seq_lens, (i64)tid * p.seq_lens_stride) : (LT)0;
+    const LT xr = has ? load_now<LT>(p.seq_lens, (i64)rq * p.seq_lens_stride) : (LT)0;
+    PT id0 = -1;
+    if (j0 < (u32)p.max_pages) id0 = load_now<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j0 * p.pt_col_stride);
+    const u32 own = last && tid == 0 && has ? checked_length(p, rq, (i64)xr) : length_value((i64)xr);
+    if (!last && (u64)y0 * T >= own) return;  // the whole block: no position of the request is its
+    u32 before = (u32)tid < rq ? checked_length(p, tid, (i64)x0) : 0u;
+    for (u32 r = tid + NG_THREADS; r < rq; r += NG_THREADS) before = min(before + length_of<LT, false>(p, r), cap);
+#pragma unroll
+    for (int d = 16; d; d >>= 1) before = min(before + (u32)__shfl_xor_sync(0xffffffffu, (int)before, d), cap);
+    if (lane == 0) s_part[tid >> 5] = before;
+    // The first tile's rows: a position of the request with a valid column and page id, else zero.
+    int why = 0;  // debug mode: 1 a column past max_pages, 2 a bad page id (reported once the row is known)
+    if ((u32)tid < T) {
+        int2 loc = make_int2(-1, 0);
+        if (pos0 < own) {
+            if (j0 >= (u32)p.max_pages) why = 1;
+            else if ((i64)id0 < 0 || (i64)id0 >= p.num_pages) why = 2;
+            else loc = make_int2((int)id0, (int)((u32)pos0 - j0 * (u32)p.page_size));
+        }
+        s_loc[tid] = loc;
+    }
+    __syncthreads();
+    u32 offset = 0;  // the request's first row: the lengths before it, saturated
+#pragma unroll
+    for (int w = 0; w < NG_THREADS / 32; ++w) offset = min(offset + s_part[w], cap);
+    if (why && (u64)offset + pos0 < (u64)p.num_rows)
+        ng_report(p.error, why == 1 ? NG_ERR_PAGE_INDEX : NG_ERR_PAGE_ID, (i64)offset + (i64)pos0, rq,
+                  why == 1 ? (i64)j0 : (i64)id0);
+    if (last && y0 == 0 && tid == 0 && (i64)min(offset + own, cap) > p.num_rows)
+        ng_report(p.error, NG_ERR_LENGTH_SUM, min(offset + own, cap), p.num_rows, 0);
+    // The request's rows [offset, offset + own) below num_rows; the last request's run on to num_rows.
+    const u64 stop = last ? (u64)p.num_rows : min((u64)offset + own, (u64)p.num_rows);
+    const u64 span = stop > offset ? stop - offset : 0;
+    for (u64 c = y0; c * T < span; c += Y) {
+        if (c != y0) {  // a later tile: its page ids now
+            __syncthreads();  // the previous tile's copy read s_loc
+            if ((u32)tid < T) {
+                const u64 pos = c * T + (u32)tid;  // < span + T <= 2^32
+                int2 loc = make_int2(-1, 0);
+                if (pos < own) {
+                    const u32 j = (u32)by_page((int)pos);
+                    const i64 row = (i64)offset + (i64)pos;
+                    if (j >= (u32)p.max_pages) {
+                        if (row < p.num_rows) ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
+                    } else {
+                        const i64 page = load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
+                        if (page >= 0 && page < p.num_pages) loc = make_int2((int)page, (int)((u32)pos - j * (u32)p.page_size));
+                        else if (row < p.num_rows) ng_report(p.error, NG_ERR_PAGE_ID, row, rq, page);
+                    }
+                }
+                s_loc[tid] = loc;
+            }
+            __syncthreads();
+        }
+        copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, p.page_size, p.head_dim, p.scale_words, p.dst_k,
+                                      p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc,
+                                      (int)(offset + c * T), (int)min((u64)T, span - c * T));
+    }
 }
 
 // Lane src's page id, as a 64-bit value (every lane calls it): one shuffle for an int32 id.

@@ -81,7 +81,7 @@ def hooked_accessor():
 def raw_launches(layout, buf, lens, pages, n: int) -> dict:
     """The driver's launch of the read's kernel with this call's parameters, through ctypes."""
     vec = layout.widths[buf.data_ptr() & 15]
-    tpc, shape = layout.shape(n)
+    tpc, shape, grid = layout.launch(n, LENGTH)
     function = runtime.load(index_k_read.spec.MODULES[(vec, *layout.types)], 0).functions[
         index_k_read.spec.entry_name(vec, *layout.types, shape)]
     k, s = buf.new_empty(n, 128), buf.new_empty(n, 4)
@@ -89,7 +89,6 @@ def raw_launches(layout, buf, lens, pages, n: int) -> dict:
     layout.image.pack_pointers(params, 0, buf.data_ptr(), k.data_ptr(), s.data_ptr(), lens.data_ptr(),
                                pages.data_ptr(), n, tpc)
     arr = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-    grid = -(-n // tpc)
     stream = runtime.current_stream(0)
     cfg = driver.LaunchConfig(grid, 1, 1, 256, 1, 1, 0, stream, None, 0)
     lib = ctypes.CDLL(driver.LIBRARY)  # the library driver.py binds (its own argtypes on its handle)
@@ -119,7 +118,7 @@ def calls(device: str) -> dict:
     assert layout is not None, "the read did not remember its layout"
     go = next(iter(layout.launchers.values()))
     k, s = buf.new_empty(n, 128), buf.new_empty(n, 4)
-    tpc, _ = layout.shape(n)
+    tpc, _, grid = layout.launch(n, LENGTH)
     pointers = (buf.data_ptr(), k.data_ptr(), s.data_ptr(), lens.data_ptr(), pages.data_ptr(), n, tpc)
     cls, pool, which = hooked_accessor()
     print("hooked read through", which)
@@ -131,8 +130,8 @@ def calls(device: str) -> dict:
         "key and lookup": (lambda: index_k_read._layouts.get(index_k_read._key(buf, lens, pages, *sizes)), ()),
         "last-slot check": (index_k_read._layouts.last[0], (buf, lens, pages)),
         "two allocations": (lambda: (buf.new_empty(n, 128), buf.new_empty(n, 4)), ()),
-        "_run (allocations, launch)": (index_k_read._run, (layout, buf, lens, pages, n)),
-        "launcher": (lambda: go(pointers, 0, -(-n // tpc)), ()),
+        "_run (allocations, launch)": (index_k_read._run, (layout, buf, lens, pages, n, LENGTH)),
+        "launcher": (lambda: go(pointers, 0, grid), ()),
     }
     out.update(raw_launches(layout, buf, lens, pages, n))
     if device == "cuda":

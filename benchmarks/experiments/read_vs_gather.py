@@ -72,8 +72,9 @@ def rebuilt(layout, modules: dict, on_load=None):
         handle = runtime.load(modules[(vec, *layout.types)], layout.device, runtime.current_stream(layout.device))
         if on_load is not None:
             on_load(handle)
-        for shape in spec.SHAPES:
-            launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
+        for shape in spec.SHAPES:  # a base build from before a shape existed lacks its entry
+            if spec.entry_name(vec, *layout.types, shape) in modules[(vec, *layout.types)].kernels:
+                launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
     return layout._replace(launchers=launchers, calls={})
 
 
@@ -127,12 +128,14 @@ def tiles(workloads):
         layout = layout_of(w)
         for tpc, shape in ((64, ""), (128, ""), (256, ""), (256, "wide")):
             name = f"read {tpc}{' wide' if shape else ''}"
-            fixed = layout._replace(shape=lambda n, tpc=tpc, shape=shape: (tpc, shape), launchers={}, calls={})
-            fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens)
+            fixed = layout._replace(launch=lambda n, m, tpc=tpc, shape=shape: (tpc, shape, -(-n // tpc)),
+                                    launchers={}, calls={})
+            fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens,
+                                                              max(w.lens))
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, 200)
-        print(f"{w.name} (policy: {layout.shape(w.tokens)}): " + "  ".join(
+        print(f"{w.name} (policy: {layout.launch(w.tokens, max(w.lens))}): " + "  ".join(
             f"{k} {statistics.median(v):.2f}" for k, v in got.items()), flush=True)
         w = None
         torch.cuda.empty_cache()

@@ -100,10 +100,12 @@ class StructImage(NamedTuple):
 class Entry:
     """One ``extern "C"`` entry point: its name and the kernel body it runs (a call taking the
     parameter struct, e.g. ``gather_body<16, 4>``). ``body=None``: the source defines the
-    entry point itself (a benchmark's baseline)."""
+    entry point itself (a benchmark's baseline). ``min_blocks``: blocks an SM must hold at once
+    (``__launch_bounds__``' second argument: ptxas keeps the registers within it), 0 for none."""
 
     name: str
     body: str | None = None
+    min_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,8 @@ class KernelModule:
     def entry_wrappers(self) -> str:
         """The generated ``extern "C"`` entry points, appended to the source."""
         return "".join(
-            f'extern "C" __global__ void __launch_bounds__(NG_THREADS) {e.name}(const {self.params.name} p) '
-            f"{{ {e.body}(p); }}\n" for e in self.entries if e.body is not None)
+            f'extern "C" __global__ void __launch_bounds__(NG_THREADS{f", {e.min_blocks}" if e.min_blocks else ""}) '
+            f"{e.name}(const {self.params.name} p) {{ {e.body}(p); }}\n" for e in self.entries if e.body is not None)
 
 
 _registry: dict[str, KernelModule] = {}

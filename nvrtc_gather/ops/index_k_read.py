@@ -115,10 +115,10 @@ class ReadLayout(NamedTuple):
     max_tokens: int      # max_pages * page_size: the largest max_seq_len
     widths: tuple        # vector width by the low 4 bits of buf's and dst_k's pointers (0: not 4-aligned)
     types: tuple         # (lengths C type, page ids C type): the module
-    shape: object        # spec.shape_rule of the layout: row count -> (rows per block, entry shape)
+    launch: object       # spec.launch_rule of the layout: (rows, max_seq_len) -> (rows per block, shape, blocks)
     image: object        # the struct image with the layout's fields
     launchers: dict      # (vector width, shape) -> launcher (per-call grid), made on first use
-    calls: dict          # low 4 pointer bits | row count << 4 -> (launcher, rows per block, blocks): _call
+    calls: dict          # _call's key -> (launcher, rows per block, blocks)
 
 
 def _layout(plan: ReadPlan) -> ReadLayout:
@@ -126,7 +126,8 @@ def _layout(plan: ReadPlan) -> ReadLayout:
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
     image = spec.PARAMS.image(**plan.fields)
     return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size, widths,
-                      plan.entry_types, spec.shape_rule(plan.head_dim, driver.sm_count(plan.device)), image, {}, {})
+                      plan.entry_types, spec.launch_rule(plan.head_dim, driver.sm_count(plan.device), plan.batch),
+                      image, {}, {})
 
 
 def _launcher(layout: ReadLayout, vec: int, shape: str):
@@ -151,7 +152,7 @@ def read_index_k(buf: torch.Tensor, seq_len_tensor: torch.Tensor, page_indices: 
         return _read_torch(plan, buf, seq_len_tensor, page_indices, seq_len_sum)
     checks.aligned("buf", "data pointer", buf.data_ptr())
     layout = _layout(plan)
-    out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)
+    out = _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len)
     if out is None:  # buf is aligned: only an allocator handing out unaligned memory gets here
         raise ValueError("dst: torch.empty returned outputs that are not 4-byte aligned")
     _layouts.remember(_key(buf, seq_len_tensor, page_indices, page_size, index_head_dim, quant_block_size), layout,
@@ -183,20 +184,22 @@ def read_remembered(buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len,
     if layout is None or type(seq_len_sum) is not int or not 0 <= seq_len_sum <= MAX_ROWS or \
             type(max_seq_len) is not int or not 0 <= max_seq_len <= layout.max_tokens:
         return None
-    return _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum)
+    return _run(layout, buf, seq_len_tensor, page_indices, seq_len_sum, max_seq_len)
 
 
-def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int):
-    """The call on a checked layout: the outputs (fresh: they cannot overlap the inputs) and one
-    launch with this call's grid; None when the pointers are not 4-byte aligned (only buf's
-    pointer, the layer's, changes between calls of a layout)."""
+def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int, max_seq_len: int):
+    """The call on a checked layout (``max_seq_len`` checked too: it sizes the request-major
+    grid): the outputs (fresh: they cannot overlap the inputs) and one launch with this call's
+    grid; None when the pointers are not 4-byte aligned (only buf's pointer, the layer's, changes
+    between calls of a layout)."""
     k = buf.new_empty(seq_len_sum, layout.head_dim)  # uint8 on buf's device, as torch.empty(..., dtype, device)
     s = buf.new_empty(seq_len_sum, layout.scale_bytes)
     if not seq_len_sum:
         return k, s
     kv_p, k_p = buf.data_ptr(), k.data_ptr()
-    # An engine reads every layer with the same row count: one lookup instead of the tile rule.
-    key = (kv_p | k_p) & 15 | seq_len_sum << 4
+    # An engine reads every layer of a step with the same row count and max_seq_len: one lookup
+    # instead of the launch rule (seq_len_sum <= MAX_ROWS < 2^32 fills bits 4-35).
+    key = (kv_p | k_p) & 15 | seq_len_sum << 4 | max_seq_len << 36
     call = layout.calls.get(key) or _call(layout, key)
     if call is None:
         return None
@@ -205,20 +208,20 @@ def _run(layout: ReadLayout, buf, seq_len_tensor, page_indices, seq_len_sum: int
     return k, s
 
 
-_MAX_CALLS = 1024  # row counts a layout keeps (cleared when full: prefill brings new ones every step)
+_MAX_CALLS = 1024  # (row count, max_seq_len) pairs a layout keeps (cleared when full: prefill brings new ones)
 
 
 def _call(layout: ReadLayout, key: int):
-    """(launcher, rows per block, blocks) of a call with ``key`` (low 4 pointer bits | rows << 4),
-    kept in ``layout.calls``; None when the pointers are not 4-byte aligned."""
-    vec, n = layout.widths[key & 15], key >> 4
+    """(launcher, rows per block, blocks) of a call with ``key`` (low 4 pointer bits | rows << 4 |
+    max_seq_len << 36), kept in ``layout.calls``; None when the pointers are not 4-byte aligned."""
+    vec = layout.widths[key & 15]
     if not vec:
         return None
-    tpc, shape = layout.shape(n)
+    tpc, shape, blocks = layout.launch(key >> 4 & 0xffffffff, key >> 36)
     go = layout.launchers.get((vec, shape)) or _launcher(layout, vec, shape)
     if len(layout.calls) >= _MAX_CALLS:
         layout.calls.clear()
-    call = layout.calls[key] = go, tpc, -(-n // tpc)
+    call = layout.calls[key] = go, tpc, blocks
     return call
 
 

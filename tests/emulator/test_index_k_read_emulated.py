@@ -75,7 +75,24 @@ def random_case(rng: random.Random, tiny: bool = False):
     return buf, seq, table, num_rows, ps, hd, nq, lens, pages
 
 
-def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape=""):
+def counted_max(lens) -> int:
+    """The longest length as the kernel counts it (a bad value counts as 0)."""
+    return max([n for n in lens if 0 <= n <= I32_MAX] + [0])
+
+
+def blocks(shape: str, num_rows: int, tpc: int, lens, max_len: int) -> int:
+    """The grid of ``shape``: a block per tpc rows, or (request-major) a block per tile of
+    ``max_len`` (the engine's max_seq_len) for each request."""
+    return spec.grid_by_request(len(lens), max_len, tpc) if shape in spec.BY_REQUEST else spec.grid(num_rows, tpc)
+
+
+def engine_max(lens, table, ps: int) -> int:
+    """The max_seq_len an engine passes: the longest length, as far as the host's check lets it
+    (at most the page table's max_pages * page_size)."""
+    return min(counted_max(lens), table.size(1) * ps)
+
+
+def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape="", max_len=None):
     plan = op.plan_read(buf, seq, table, ps, hd, nq and hd // nq)
     k = torch.full((num_rows, hd), POISON, dtype=torch.uint8)
     s = torch.full((num_rows, 4 * nq), POISON, dtype=torch.uint8)
@@ -86,7 +103,8 @@ def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape="
         if shape == "tiny":
             tpc = 8  # a warp a row
         entry = spec.entry_name(vec, *plan.entry_types, shape)
-        emu_launch(dll, spec.PARAMS, entry, spec.grid(num_rows, tpc),
+        max_len = engine_max(seq.tolist(), table, ps) if max_len is None else max_len
+        emu_launch(dll, spec.PARAMS, entry, blocks(shape, num_rows, tpc, seq.tolist(), max_len),
                    call_fields(plan, buf.data_ptr(), k.data_ptr(), s.data_ptr(), seq.data_ptr(), table.data_ptr(),
                                num_rows, tpc), err_ptr)
     return k, s
@@ -98,9 +116,13 @@ def test_emulated_read_matches_the_reference(emu, seed, shape):
     rng = random.Random(seed)
     buf, seq, table, num_rows, ps, hd, nq, lens, pages = random_case(rng, tiny=shape == "tiny")
     tpc = rng.choice([8, 37, 128, 256]) if shape != "tiny" else 8
-    k, s = run(emu, buf, seq, table, num_rows, ps, hd, nq, tpc, shape=shape)
+    # request-major: a grid for the longest request, one too small (the blocks loop), one too large
+    longest = engine_max(lens, table, ps)
+    max_len = rng.choice([longest, longest, longest // 3, 0, longest + 300]) if shape in spec.BY_REQUEST else None
+    k, s = run(emu, buf, seq, table, num_rows, ps, hd, nq, tpc, shape=shape, max_len=max_len)
     want_k, want_s = reference(buf, lens, pages, num_rows, ps, hd, nq)
-    desc = f"{shape or 'tile'} seed {seed}: batch {len(lens)} rows {num_rows} page {ps} hd {hd} nq {nq} tpc {tpc} {seq.dtype} {table.dtype}"
+    desc = (f"{shape or 'tile'} seed {seed}: batch {len(lens)} rows {num_rows} page {ps} hd {hd} nq {nq} tpc {tpc} "
+            f"max_len {max_len} {seq.dtype} {table.dtype}")
     assert torch.equal(k, want_k), desc
     assert torch.equal(s, want_s), desc
 
@@ -226,7 +248,9 @@ def run_in_arenas(emu, cases, shape: str, debug: bool, tpc_of) -> None:
                              c["tb"].data_ptr(), c["num_rows"], tpc_of(c))
         c["before"] = c["arena"].bytes.clone()
         vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
-        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape), spec.grid(c["num_rows"], tpc_of(c)),
+        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape),
+                               blocks(shape, c["num_rows"], tpc_of(c), c["lens"],
+                                      c.get("max_len", engine_max(c["lens"], c["tb"], c["ps"]))),
                                pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),
                                [span(c["buf"]), span(c["sl"]), span(c["tb"])]))
     for c, outcome in zip(cases, run_isolated(emu, launches)):

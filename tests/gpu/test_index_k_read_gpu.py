@@ -8,14 +8,15 @@ import torch
 
 from helpers.launches import kernels_launched
 from nvrtc_gather.integrations import sglang as sg
+from nvrtc_gather.kernels import index_k_read as spec
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 
-def case(rng, batch, mean, ps=64, lt=torch.int32, pt=torch.int32, strided=False, spare=0):
-    lens = [rng.randint(0, 2 * mean) for _ in range(batch)]
+def case(rng, batch, mean, ps=64, lt=torch.int32, pt=torch.int32, strided=False, spare=0, low=0):
+    lens = [rng.randint(low, 2 * mean - low) for _ in range(batch)]
     max_pages = max([-(-n // ps) for n in lens] + [1])
     num_pages = sum(-(-n // ps) for n in lens) + 3
     perm = list(range(num_pages))
@@ -47,6 +48,31 @@ def test_read_matches_the_cpu_path(shape, dtypes):
     for _ in range(2):  # the first call plans, the second takes the remembered layout
         got = sg.get_index_k_scale_buffer(buf.cuda(), lens.cuda(), table.cuda(), total, longest)
         assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+# Request-major tiles (2 to 256 requests; the launch rule takes them where their grid fits one
+# wave and is within 2x of the row-major one): lengths 0.5x-1.5x the mean (equal at 2x60000: the
+# wide tiles), max_seq_len as the engine passes it, above the longest length, and below it (fewer
+# blocks a request: each loops over its request's tiles).
+@pytest.mark.parametrize("shape", [(16, 2048), (32, 512), (4, 8192), (2, 30000), (2, 60000)])
+@pytest.mark.parametrize("longest_by", [1.0, 1.3, 0.6])
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.int32), (torch.int32, torch.int64)])
+def test_request_major_tiles_match_the_cpu_path(shape, longest_by, dtypes):
+    rng = random.Random(shape[0] * 11 + shape[1])
+    buf, lens, table, total, longest = case(rng, *shape, lt=dtypes[0], pt=dtypes[1], strided=shape[0] % 2 == 1,
+                                            spare=rng.choice([0, 7]), low=shape[1] // 2 if shape[1] < 60000 else shape[1])
+    max_seq_len = min(int(longest * longest_by), table.size(1) * 64)
+    want = sg.get_index_k_scale_buffer(buf, lens, table, total, max_seq_len)
+    args = buf.cuda(), lens.cuda(), table.cuda(), total, max_seq_len
+    for _ in range(2):  # the first call plans, the second takes the remembered layout
+        got = sg.get_index_k_scale_buffer(*args)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    (name,) = kernels_launched([lambda: sg.get_index_k_scale_buffer(*args)])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _, expected, _ = spec.launch_rule(128, sms, shape[0])(total, max_seq_len)
+    assert name == spec.entry_name(16, *(("i32", "i64")[d == torch.int64] for d in dtypes), expected), name
+    if longest_by == 1.0 and sms >= 100:  # an engine's own max_seq_len: request-major on these rows
+        assert expected == ("req_wide" if shape == (2, 60000) else "req"), expected
 
 
 def test_bad_values_give_zero_rows_and_debug_mode_raises(monkeypatch):

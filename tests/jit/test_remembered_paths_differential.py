@@ -555,24 +555,45 @@ def test_a_strided_layout_remembered_then_a_tensor_without_storage(fake, op, fir
     assert warm == cold, f"{op}, {first}, then {second}:\n remembered: {warm}\n full checks: {cold}"
 
 
-def test_the_read_remembers_each_row_count_and_launches_what_the_full_checks_do(fake):
-    """A remembered read keeps each (pointer bits, row count)'s launch (ops/index_k_read.py,
-    ``_call``): every row count, aligned or not, new or met before, launches what the full checks
-    launch for it, and the layout keeps at most ``_MAX_CALLS`` of them."""
-    counts = [80, *range(1, index_k_read._MAX_CALLS + 100), 30_155, 119_994, 131_072, 253_609, 80, 7, 1]
-    a = _read_base()
+def _one_request(a):
+    """``a`` with its first request alone (row-major tiles: request-major needs 2 or more)."""
+    return dict(a, lens=a["lens"][:1].clone(), pt=a["pt"][:1].clone())
+
+
+def _long_requests(a):
+    """``a`` with a page table of 4,096 columns: max_seq_len up to 262,144, so every row count
+    below has a max_seq_len that takes the request-major tiles, and others that do not."""
+    return dict(a, pt=a["pt"].repeat(1, 2048))
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_read_remembers_each_row_count_and_launches_what_the_full_checks_do(fake, batch):
+    """A remembered read keeps each (pointer bits, row count, max_seq_len)'s launch
+    (ops/index_k_read.py, ``_call``): every row count and max_seq_len, aligned or not, new or met
+    before, launches what the full checks launch for it (the layout's launch rule: row-major or
+    request-major tiles), and the layout keeps at most ``_MAX_CALLS`` of them."""
+    # the large counts four times running: each with every max_seq_len below
+    counts = [80, *range(1, index_k_read._MAX_CALLS + 100), *[n for n in (30_155, 119_994, 131_072, 253_609)
+                                                             for _ in range(4)], 80, 7, 1]
+    base = (lambda: _long_requests(_read_base())) if batch == 3 else lambda: _one_request(_read_base())
+    a = base()
     assert_remembered(fake, _read_call(a))
     layout = index_k_read._layouts.last[2]
+    launch = index_k_read.spec.launch_rule(128, 132, batch)
+    shapes = set()
     for i, n in enumerate(counts + counts[::-7]):
-        a.update(total=n, buf=shifted(a["buf"], 4) if i % 97 == 1 else _read_base()["buf"])
+        a.update(total=n, longest=min((-(-n // batch), 70, 0, n)[i % 4], a["pt"].size(1) * a["ps"]),
+                 buf=shifted(a["buf"], 4) if i % 97 == 1 else base()["buf"])
         warm = outcome(fake, _read_call(a))
         assert len(layout.calls) <= index_k_read._MAX_CALLS
         if i % 41 in (0, 1) or n > 10_000:  # the full checks' launch, memos forgotten (then remembered again)
             forget()
             assert outcome(fake, _read_call(a)) == warm, f"rows {n}"
-            assert_remembered(fake, _read_call(_read_base()))
+            assert_remembered(fake, _read_call(base()))
             layout = index_k_read._layouts.last[2]
-        tpc, shape = index_k_read.spec.shape_rule(128, 132)(n)
+        tpc, shape, blocks = launch(n, a["longest"])
+        shapes.add(shape)
         (name, grid, block, fields), = warm[1]
         assert (name, grid, fields["tokens_per_cta"], fields["num_rows"]) == (
-            index_k_read.spec.entry_name(4 if i % 97 == 1 else 16, "i32", "i32", shape), -(-n // tpc), tpc, n)
+            index_k_read.spec.entry_name(4 if i % 97 == 1 else 16, "i32", "i32", shape), blocks, tpc, n)
+    assert shapes == (set(index_k_read.spec.SHAPES) if batch == 3 else {"tiny", "", "wide"}), shapes

@@ -95,14 +95,14 @@ def main(workloads):
         layout = layout_of(w)
         for name in VARIANTS:
             old = variant(layout, name)
-            fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens)
+            fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         for name in list(fns)[1:]:
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, 200)
-        print(f"{w.name} (rows a block, shape: {layout.shape(w.tokens)}): " + medians(got), flush=True)
+        print(f"{w.name} (rows a block, shape: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = old = layout = None
         torch.cuda.empty_cache()
 

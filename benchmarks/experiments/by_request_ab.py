@@ -1,0 +1,105 @@
+"""The index-K read's request-major tiles (index_k_read_by_request: a block per tile of one
+request, its page ids loaded beside the lengths) against its row-major tiles (index_k_read_body:
+a block per run of destination rows, a scan of the lengths to find each row's request) on the
+same calls, through SGLang's entry, beside our gather, SGLang 0.5.23's Triton read (where it
+imports) and a copy of the same bytes. "rows" and "rows_again" are the same row-major launch
+twice: their gap is this run's A/A floor. Lengths int64, page ids int32, as SGLang passes them;
+max_seq_len the longest length, as SGLang passes it. Bytes checked equal first; then 200
+interleaved runs (timing.time_samples: L2 flushed, CUDA events), medians and 25th-75th
+percentiles.
+
+    python3 benchmarks/experiments/by_request_ab.py [BxM ...]
+
+Prediction (written before the first run): the row-major tile waits, after the lengths' round
+trip, for a block-wide scan (two barriers, shuffles, a bounded search) and, for a row whose page
+column is past the window of page ids loaded with the lengths, a second round trip for its page
+id; the request-major tile loads its rows' page ids with the lengths and scans nothing, so each
+row's bytes are two round trips from the start. Expected 0.3-0.6 us off 16x2048 (9.6 -> ~9.1,
+below SGLang's ~9.3) and 0.2-0.6 us off 64x2048, 128x1024, 256x512 and 200x300; the risk is
+its grid: ceil(max_seq_len / tile) blocks a request, ~1.5x the row-major grid with these
+lengths (0.5x-1.5x the mean), the surplus blocks exiting after the lengths' round trip.
+Decision (before the run): keep the request-major tiles where their median beats the row-major
+one by more than this run's A/A gap and 0.1 us; narrow the launch rule where they lose.
+
+First run (H100, the rule then: every 2-256 request call not tiny): request-major faster by
+0.16-0.42 us at 2x16384, 4x8192 and 32x512, even at 16x2048 (9.66 against 9.71-9.73), slower by
+0.2-0.6 us at 64x2048, 128x1024, 256x512 (wide tiles) and 200x300. Its entries had 48 and 76
+registers (5 and 3 blocks an SM, against 6 and 4 of the row-major ones): the losing rows' grids
+(768, 800 blocks) took two waves, the winning ones' (326-448) one. Now `req` and `req_free` time
+the request-major tiles with and without __launch_bounds__ (40/64 registers, 16-32 bytes of stack
+in the 16-byte entries; 48/76), whatever the rule picks. Prediction for the second run: the bounded
+entries within 0.1 us of the free ones where both fit one wave, up to 0.3 us faster where only
+they do; the rule now takes request-major only where its grid fits one wave (16x2048, 4x8192,
+2x16384, 32x512 here), so "read" there is "req" and elsewhere "rows"."""
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+import torch
+
+import engine_entries as ee
+from read_vs_gather import layout_of, medians, ours, rebuilt
+from timing import check_same, copy_fn, flush_buffer, time_samples
+from nvrtc_gather.kernels import index_k_read as spec
+from nvrtc_gather.ops import index_k_read
+
+WORKLOADS = [(16, 2048), (64, 2048), (128, 1024), (256, 512), (200, 300), (4, 8192), (2, 16384), (32, 512),
+             (1024, 256)]
+
+
+def row_major(layout):
+    """``layout`` launching its row-major tiles on every call (shape_rule's, the rule before the
+    request-major tiles)."""
+    rule = spec.shape_rule(layout.head_dim, torch.cuda.get_device_properties(0).multi_processor_count)
+
+    def launch(n, max_len):
+        tpc, shape = rule(n)
+        return tpc, shape, -(-n // tpc)
+    return layout._replace(launch=launch, launchers={}, calls={})
+
+
+def by_request(layout, batch: int, bounded: bool = True):
+    """``layout`` launching its request-major tiles on every call (the launch rule's tiles and
+    grid, its row-major choice overridden); ``bounded=False``: entries built without their
+    __launch_bounds__ block count (ptxas' own register choice: 48 and 76 registers)."""
+    rule = spec.shape_rule(layout.head_dim, torch.cuda.get_device_properties(0).multi_processor_count)
+
+    def launch(n, max_len):
+        tpc, shape = rule(n)
+        shape = "req" if shape == "tiny" else "req_wide" if shape == "wide" else "req"
+        return tpc, shape, spec.grid_by_request(batch, max_len, tpc)
+    out = layout._replace(launch=launch, launchers={}, calls={})
+    if bounded:
+        return out
+    free = {key: dataclasses.replace(m, name=m.name + "_free", entries=tuple(
+        dataclasses.replace(e, min_blocks=0) for e in m.entries)) for key, m in spec.MODULES.items()}
+    return rebuilt(out, free)
+
+
+def main(workloads):
+    flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
+    print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no")
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        fns = ours(w)  # "read": the launch rule's choice
+        want = torch.cat(fns["read"](), 1)
+        layout = layout_of(w)
+        for name, lay in (("rows", row_major(layout)), ("rows_again", row_major(layout)),
+                          ("req", by_request(layout, batch)), ("req_free", by_request(layout, batch, bounded=False))):
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+        if acc:
+            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+        for name in list(fns)[1:]:
+            check_same(name, torch.cat(fns[name](), 1), want, w.name)
+        fns["copy"] = copy_fn(w.moved)
+        got = time_samples(fns, flush, 200)
+        print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}, max {max(w.lens)}): " + medians(got),
+              flush=True)
+        w = fns = layout = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main([tuple(int(x) for x in a.split("x")) for a in sys.argv[1:]] or WORKLOADS)
