@@ -62,14 +62,13 @@ def row_major(layout):
 
 def by_request(layout, batch: int, bounded: bool = True):
     """``layout`` launching its request-major tiles on every call (the launch rule's tiles and
-    grid, its row-major choice overridden); ``bounded=False``: entries built without their
-    __launch_bounds__ block count (ptxas' own register choice: 48 and 76 registers)."""
+    grid, its row-major choice overridden); ``bounded=False``: the entries built without their
+    __launch_bounds__ block count."""
     rule = spec.shape_rule(layout.head_dim, torch.cuda.get_device_properties(0).multi_processor_count)
 
     def launch(n, max_len):
-        tpc, shape = rule(n)
-        shape = "req" if shape == "tiny" else "req_wide" if shape == "wide" else "req"
-        return tpc, shape, spec.grid_by_request(batch, max_len, tpc)
+        tpc, _ = rule(n)
+        return tpc, "req", spec.grid_by_request(batch, max_len, tpc)
     out = layout._replace(launch=launch, launchers={}, calls={})
     if bounded:
         return out
@@ -101,5 +100,40 @@ def main(workloads):
         torch.cuda.empty_cache()
 
 
+def profile(workloads, reps: int = 5):
+    """Each of the read (the rule's tiles), its row-major tiles, the gather and SGLang's Triton
+    read launched ``reps`` times a workload, untimed, for Nsight Compute (checked equal first):
+    are the gaps the event times show inside the kernels?
+
+        ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,\
+            sm__cycles_active.avg,launch__registers_per_thread,launch__grid_size,launch__block_size \
+            --kernel-name regex:'index_k_read|gather_indexer|_get_k_and_s' \
+            python3 benchmarks/experiments/by_request_ab.py profile 16x2048 64x512"""
+    acc, p = ee.accessor(), ee.pool()
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        fns = ours(w)
+        want = torch.cat(fns["read"](), 1)
+        layout = layout_of(w)
+        rows = row_major(layout)
+        fns["rows"] = lambda: index_k_read._run(rows, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+        if acc:
+            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+        for name in list(fns)[1:]:
+            check_same(name, torch.cat(fns[name](), 1), want, w.name)
+        torch.cuda.synchronize()
+        for name, fn in fns.items():
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+            print(f"{w.name}: {name} x {reps}", file=sys.stderr, flush=True)
+        w = fns = layout = rows = None
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    main([tuple(int(x) for x in a.split("x")) for a in sys.argv[1:]] or WORKLOADS)
+    args = sys.argv[1:]
+    go = profile if args[:1] == ["profile"] else main
+    args = args[1:] if go is profile else args
+    main_args = [tuple(int(x) for x in a.split("x")) for a in args] or WORKLOADS
+    go(main_args)

@@ -24,17 +24,15 @@ INDEX_TYPES = ("i32", "i64")  # the C types of int32 / int64 lengths and page id
 
 
 # As the indexer gather's (4 or 8 loads in flight per thread; a warp a row), and the request-major
-# tiles of both sizes (a block per request's tile: index_k_read_by_request).
-SHAPES = ("", "wide", "tiny", "req", "req_wide")
+# tiles (a block per tile of one request: index_k_read_by_request, 4 loads in flight per thread).
+SHAPES = ("", "wide", "tiny", "req")
 _BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}>", "wide": "index_k_read_body<{vec}, 8, {lt}, {pt}>",
-           "tiny": "index_k_read_tiny<{vec}, {lt}, {pt}>",
-           "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}>",
-           "req_wide": "index_k_read_by_request<{vec}, 8, {lt}, {pt}>"}
-BY_REQUEST = ("req", "req_wide")
-# Blocks an SM holds of the request-major entries (their __launch_bounds__): as many as of the
-# row-major ones (40 and 64 registers: 6 and 4 blocks), where ptxas chose 48 and 76 registers
-# (5 and 3 blocks). The launch rule keeps their grid within one wave of these.
-RESIDENT = {"req": 6, "req_wide": 4}
+           "tiny": "index_k_read_tiny<{vec}, {lt}, {pt}>", "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}>"}
+BY_REQUEST = ("req",)
+# Blocks of the request-major entry an SM holds at once, guaranteed by its __launch_bounds__ (48
+# registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
+# spilled and measured no faster). The launch rule keeps its grid within one wave of these.
+RESIDENT = 5
 
 
 def module_name(vec: int, lengths: str, pages: str) -> str:
@@ -49,7 +47,8 @@ def entry_name(vec: int, lengths: str, pages: str, shape: str = "") -> str:
 MODULES = {(vec, lt, pt): KernelModule(
     name=module_name(vec, lt, pt),
     source="index_k_read.cu",
-    entries=tuple(Entry(entry_name(vec, lt, pt, s), _BODIES[s].format(vec=vec, lt=lt, pt=pt), RESIDENT.get(s, 0))
+    entries=tuple(Entry(entry_name(vec, lt, pt, s), _BODIES[s].format(vec=vec, lt=lt, pt=pt),
+                        RESIDENT if s in BY_REQUEST else 0)
                   for s in SHAPES),
     params=PARAMS,
     label="get_index_k_scale_buffer",
@@ -88,8 +87,9 @@ def shape_rule(head_dim: int, sm_count: int):
 
 def launch_rule(head_dim: int, sm_count: int, batch: int):
     """A layout's launch as a function of a call's row count and the engine's max_seq_len:
-    (rows per block, entry shape, blocks). shape_rule's tiles; request-major ones (a block per
-    tile of a request, grid_by_request) for 2 to THREADS requests where that grid fits one wave
+    (rows per block, entry shape, blocks). shape_rule's tiles; request-major ones of the same
+    rows (a block per tile of a request, grid_by_request) in place of its 16 KiB tiles for 2 to
+    THREADS requests where that grid fits one wave
     of resident blocks (its blocks past the requests' ends exit after one round trip, but in a
     second wave they cost one) and is within a factor of two of the row-major grid: not where
     the longest request would leave most of it empty, nor where a max_seq_len below the rows
@@ -101,10 +101,10 @@ def launch_rule(head_dim: int, sm_count: int, batch: int):
     def launch(n: int, max_len: int) -> tuple[int, str, int]:
         tpc, shape = rule(n)
         blocks = -(-n // tpc)
-        if by_request and shape != "tiny":
-            mine, mine_shape = grid_by_request(batch, max_len, tpc), "req_wide" if shape == "wide" else "req"
-            if mine <= sm_count * RESIDENT[mine_shape] and blocks <= 2 * mine and mine <= 2 * blocks + batch:
-                return tpc, mine_shape, mine
+        if by_request and shape == "":
+            mine = grid_by_request(batch, max_len, tpc)
+            if mine <= sm_count * RESIDENT and blocks <= 2 * mine and mine <= 2 * blocks + batch:
+                return tpc, "req", mine
         return tpc, shape, blocks
     return launch
 
