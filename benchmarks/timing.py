@@ -4,6 +4,7 @@ timing, the copy of the same bytes (the ceiling every op is held to), the ratios
 the host cost of single calls. benchmarks/NOTES.md ("Method") says why each step is there."""
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -39,22 +40,27 @@ def copy_fn(moved: int, gen: torch.Generator | None = None):
     return lambda: dst.copy_(src)
 
 
-def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3) -> dict[str, list[float]]:
+def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3,
+                 order: str = "rotate") -> dict[str, list[float]]:
     """µs of every run of each function, runs interleaved (a, b, c, b, c, a, c, a, b, ...) with
     the L2 flushed before each, so slow drift of clocks or host affects all alike.
 
     A ~50 µs spin kernel after each flush keeps the GPU busy while the host enqueues the
     timed call (a Python op takes 14-25 µs on the host), so host time cannot reach the
     events. The order rotates because whichever function ran first in every round read up
-    to 0.7 µs high on small and one-wave calls (cause not found; benchmarks/NOTES.md)."""
+    to 0.7 µs high on small and one-wave calls (cause not found; benchmarks/NOTES.md).
+    ``order="shuffle"``: a random order each round (seeded), so no function follows the same
+    one every time (rotated, each mostly follows the one before it in ``fns``)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     names = list(fns)
+    shuffled = random.Random(0) if order == "shuffle" else None
     ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
           for k in names}
     for i in range(reps):
-        for k in names[i % len(names):] + names[:i % len(names)]:  # each goes first in turn
+        # rotated: each goes first in turn; shuffled: a fresh order
+        for k in shuffled.sample(names, len(names)) if shuffled else names[i % len(names):] + names[:i % len(names)]:
             flush.zero_()
             torch.cuda._sleep(_SPIN_CYCLES)
             ev[k][i][0].record()

@@ -85,7 +85,7 @@ for stage in $stages; do
       sanitize memcheck tests/gpu/test_cache_gather_gpu.py -k "bad_indices or misaligned or rows_cut or fast_path"
       # SGLang's index-K read and DeepSeek-V4's record gathers: bad values, small calls, vLLM's form
       sanitize memcheck tests/gpu/test_index_k_read_gpu.py tests/gpu/test_dsv4_gather_gpu.py \
-        -k "bad_values or bad_indices or shape0 or shape1 or vllm_form or flat_forms" ;;
+        -k "bad_values or bad_indices or shape0 or shape1 or vllm_form or flat_forms or request_major" ;;
     racecheck)
       : > "$OUT/racecheck.log"  # one log for the four runs, as memcheck's
       sanitize racecheck tests/gpu/test_gather_gpu.py tests/gpu/test_quant_gpu.py -k "37 or wide"
@@ -94,7 +94,7 @@ for stage in $stages; do
       # the chunked-context gathers (shared memory between the row search and the copy)
       sanitize racecheck tests/gpu/test_cache_gather_gpu.py -k "request_counts and (33 or 1024)"
       # SGLang's index-K read (shared memory between its lengths' scan, row search and copy)
-      sanitize racecheck tests/gpu/test_index_k_read_gpu.py -k "read_matches" ;;
+      sanitize racecheck tests/gpu/test_index_k_read_gpu.py -k "read_matches or request_major" ;;
     resources)
       mkdir -p "$OUT/cubins"
       python3 -c "

@@ -8,7 +8,7 @@ max_seq_len the longest length, as SGLang passes it. Bytes checked equal first; 
 interleaved runs (timing.time_samples: L2 flushed, CUDA events), medians and 25th-75th
 percentiles.
 
-    python3 benchmarks/experiments/by_request_ab.py [BxM ...]
+    [REPS=200] [ORDER=rotate|shuffle] [TILES=1] python3 benchmarks/experiments/by_request_ab.py [BxM ...]
 
 Prediction (written before the first run): the row-major tile waits, after the lengths' round
 trip, for a block-wide scan (two barriers, shuffles, a bounded search) and, for a row whose page
@@ -32,6 +32,7 @@ entries within 0.1 us of the free ones where both fit one wave, up to 0.3 us fas
 they do; the rule now takes request-major only where its grid fits one wave (16x2048, 4x8192,
 2x16384, 32x512 here), so "read" there is "req" and elsewhere "rows"."""
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -42,9 +43,15 @@ import torch
 import engine_entries as ee
 from read_vs_gather import layout_of, medians, ours, rebuilt
 from timing import check_same, copy_fn, flush_buffer, time_samples
+from nvrtc_gather.jit import runtime
+from nvrtc_gather.jit.spec import Entry
 from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
+REPS, ORDER = int(os.environ.get("REPS", 200)), os.environ.get("ORDER", "rotate")  # time_samples' runs and order
+# TILES=1: request-major tiles of other sizes, TILE_LIST's "rows,loads in flight,blocks an SM" each
+TILES = os.environ.get("TILES") == "1"
+TILE_LIST = [tuple(int(x) for x in t.split(",")) for t in os.environ.get("TILE_LIST", "128,4,5 256,4,5 256,8,3").split()]
 WORKLOADS = [(16, 2048), (64, 2048), (128, 1024), (256, 512), (200, 300), (4, 8192), (2, 16384), (32, 512),
              (1024, 256)]
 
@@ -77,6 +84,20 @@ def by_request(layout, batch: int, bounded: bool = True):
     return rebuilt(out, free)
 
 
+def tile_variant(layout, batch: int, tpc: int, unroll: int, min_blocks: int):
+    """``layout`` launching request-major tiles of ``tpc`` rows with ``unroll`` loads in flight a
+    thread (an entry built for it here, __launch_bounds__ of ``min_blocks`` blocks; 16-byte
+    vectors only: the workloads' pointers are aligned)."""
+    m = spec.MODULES[(16, *layout.types)]
+    name = f"{m.name}_req_t{tpc}_u{unroll}"
+    body = f"index_k_read_by_request<16, {unroll}, {layout.types[0]}, {layout.types[1]}>"
+    module = dataclasses.replace(m, name=name, entries=(Entry(name, body, min_blocks),))
+    handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
+    go = handle.launcher(name, 0, layout.image)
+    return layout._replace(launch=lambda n, max_len: (tpc, "req", spec.grid_by_request(batch, max_len, tpc)),
+                           launchers={(16, "req"): go}, calls={})
+
+
 def main(workloads):
     flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
     print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no")
@@ -85,15 +106,19 @@ def main(workloads):
         fns = ours(w)  # "read": the launch rule's choice
         want = torch.cat(fns["read"](), 1)
         layout = layout_of(w)
-        for name, lay in (("rows", row_major(layout)), ("rows_again", row_major(layout)),
-                          ("req", by_request(layout, batch)), ("req_free", by_request(layout, batch, bounded=False))):
+        lays = [("rows", row_major(layout)), ("rows_again", row_major(layout)), ("req", by_request(layout, batch))]
+        if TILES:  # request-major tiles of other sizes: rows, loads in flight, blocks an SM
+            lays += [(f"t{t}u{u}", tile_variant(layout, batch, t, u, b)) for t, u, b in TILE_LIST]
+        else:
+            lays.append(("req_free", by_request(layout, batch, bounded=False)))
+        for name, lay in lays:
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         for name in list(fns)[1:]:
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
-        got = time_samples(fns, flush, 200)
+        got = time_samples(fns, flush, REPS, order=ORDER)
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}, max {max(w.lens)}): " + medians(got),
               flush=True)
         w = fns = layout = None

@@ -67,12 +67,25 @@ def test_request_major_tiles_match_the_cpu_path(shape, longest_by, dtypes):
     for _ in range(2):  # the first call plans, the second takes the remembered layout
         got = sg.get_index_k_scale_buffer(*args)
         assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
-    (name,) = kernels_launched([lambda: sg.get_index_k_scale_buffer(*args)])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     _, expected, _ = spec.launch_rule(128, sms, shape[0])(total, max_seq_len)
-    assert name == spec.entry_name(16, *(("i32", "i64")[d == torch.int64] for d in dtypes), expected), name
     if longest_by == 1.0 and sms >= 100:  # an engine's own max_seq_len: request-major on these rows
         assert expected == "req", expected
+
+
+@pytest.mark.parametrize("shape, max_seq_len", [((16, 2048), 3000), ((4, 8192), 12000), ((300, 40), 80), ((1, 20000), 20000)])
+def test_the_read_launches_the_entry_its_launch_rule_names(shape, max_seq_len):
+    """The kernel a call launches is the one spec.launch_rule names for its rows and max_seq_len:
+    request-major tiles for a few long requests, row-major ones past 256 requests or for one."""
+    rng = random.Random(shape[0])
+    buf, lens, table, total, _ = case(rng, *shape, lt=torch.int64, low=shape[1] // 2)
+    args = buf.cuda(), lens.cuda(), table.cuda(), total, min(max_seq_len, table.size(1) * 64)
+    (name,) = kernels_launched([lambda: sg.get_index_k_scale_buffer(*args)])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _, expected, _ = spec.launch_rule(128, sms, shape[0])(total, args[-1])
+    assert name == spec.entry_name(16, "i64", "i32", expected), name
+    if sms >= 100:
+        assert (expected == "req") == (shape[0] in (16, 4)), expected
 
 
 def test_bad_values_give_zero_rows_and_debug_mode_raises(monkeypatch):
