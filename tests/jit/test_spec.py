@@ -141,13 +141,29 @@ def test_each_family_has_every_entry_in_the_module_it_loads_for_it():
 def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
     for m in kernels.ALL_MODULES:
         text = sources.module_source(m)
-        declared = re.findall(r'extern "C" __global__ void __launch_bounds__\(NG_THREADS\) (\w+)\(', text)
+        declared = re.findall(r'extern "C" __global__ void __launch_bounds__\(NG_THREADS(?:, \d+)?\) (\w+)\(', text)
         assert declared == list(m.kernels), m.name
         assert f"-DNG_THREADS={m.threads}" in compiler.module_options(m, compiler.Target("sm_90"))
     for name in KERNEL_SOURCES:
         assert 'extern "C" __global__' not in sources.read_source(name) and "NG_QUANT_ENTRY" not in sources.read_source(name) \
             and "NG_GATHER_VEC" not in sources.read_source(name)
     assert "#define NG_THREADS" not in sources.read_source("common.cuh")
+
+
+def test_an_entrys_block_count_bound_is_its_launch_bounds():
+    """Entry.min_blocks is __launch_bounds__' second argument (ptxas keeps the registers to fit that
+    many blocks an SM), and no other entry has one: the request-major read's, index_k_read.RESIDENT,
+    is what its launch rule counts on."""
+    bounded = set()
+    for m in kernels.ALL_MODULES:
+        text = sources.module_source(m)
+        for e in m.entries:
+            bound = f"__launch_bounds__(NG_THREADS, {e.min_blocks}) {e.name}(" if e.min_blocks else \
+                f"__launch_bounds__(NG_THREADS) {e.name}("
+            assert bound in text, e.name
+            if e.min_blocks:
+                bounded.add((e.name.rsplit("_", 1)[-1], e.min_blocks))
+    assert bounded == {("req", index_k_read.RESIDENT)}
 
 
 def test_the_write_shapes_tokens_per_lane_come_from_the_spec():
