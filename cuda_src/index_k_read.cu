@@ -3,8 +3,11 @@
 // rows, from the request *lengths* (not prefix sums) and an int32 or int64 page table of any
 // strides, in one launch. Rows past the lengths' sum and rows whose indices are bad are
 // written as zeros, so the host allocates the outputs with torch.empty.
+// Three bodies, the host's launch rule picking one a call: the row-major tiles described here
+// (index_k_read_body), request-major tiles for 2 to NG_THREADS requests
+// (index_k_read_by_request) and a warp a row for small calls (index_k_read_tiny).
 //
-// Work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
+// Row-major work split: block b owns destination rows [b*T, b*T + T), T = tokens_per_cta.
 //  1. The block scans the lengths NG_THREADS at a time (one per thread, a block-wide prefix
 //     sum), saturating at INT32_MAX (no row reaches it: the host keeps num_rows + NG_THREADS
 //     <= INT32_MAX). Each of its rows that falls inside the chunk finds its request by a
@@ -272,8 +275,8 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
 }
 
-// Request-major tiles (the host's choice for 2 to NG_THREADS requests, where the engine's
-// max_seq_len keeps the grid near the rows): block b works for request r = b % R (R = max(batch,
+// Request-major tiles (the host's choice for 2 to NG_THREADS requests where their grid, sized by
+// the engine's max_seq_len, fits one wave: kernels/index_k_read.py launch_rule): block b works for request r = b % R (R = max(batch,
 // 1)) on its positions [y*T, y*T + T), y = b / R, then y + Y, y + 2Y, ... (Y = gridDim.x / R, T =
 // tokens_per_cta), so the grid sets only how many blocks share a request, never which rows are
 // written. A block knows its request from its index, so its rows' page ids load beside the

@@ -52,7 +52,7 @@ static thread_local EmuIdx threadIdx, blockIdx, gridDim;
 #define __device__
 #define __global__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 
 // [lo, hi) address ranges __ldg may read; empty: any. Set between launches only.
