@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import torch
 
 import engine_entries as ee
-from read_vs_gather import medians, ours
-from timing import check_same, copy_fn, flush_buffer, time_samples
+from read_vs_gather import checked, medians, ours
+from timing import flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
 
 WORKLOADS = [(16, 2048), (64, 512), (8, 100), (1, 131072), (64, 2048)]
@@ -32,14 +32,8 @@ def main(workloads):
     for batch, mean in workloads:
         w = ee.Workload(batch, mean)
         mine = ours(w)
-        fns = {"read": mine["read"], "gather": mine["gather"],
-               "read_again": lambda: hook.get_index_k_scale_buffer(*w.get_args())}
-        if acc:
-            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
-        want = torch.cat(fns["read"](), 1)
-        for name in list(fns)[1:]:
-            check_same(name, torch.cat(fns[name](), 1), want, w.name)
-        fns["copy"] = copy_fn(w.moved)
+        fns = checked({"read": mine["read"], "gather": mine["gather"],
+                       "read_again": lambda: hook.get_index_k_scale_buffer(*w.get_args())}, w, acc, p)
         for order in ("rotate", "shuffle"):
             print(f"{w.name} {order}: " + medians(time_samples(fns, flush, 400, order=order)), flush=True)
         w = fns = mine = None

@@ -78,6 +78,20 @@ def rebuilt(layout, modules: dict, on_load=None):
     return layout._replace(launchers=launchers, calls={})
 
 
+def checked(fns: dict, w, acc, p) -> dict:
+    """``fns`` (reads of workload ``w``, the reference first) with SGLang's Triton read added where
+    it imports (``acc``, its pool ``p``), every function's bytes checked equal to the first's, and
+    a copy of the same bytes added last: the set the scripts time."""
+    if acc:
+        fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+    first, *rest = fns
+    want = torch.cat(fns[first](), 1)
+    for name in rest:
+        check_same(name, torch.cat(fns[name](), 1), want, w.name)
+    fns["copy"] = copy_fn(w.moved)
+    return fns
+
+
 def medians(got: dict) -> str:
     """Each function's median µs and its 25th-75th percentiles, as the scripts print them."""
     q = {k: statistics.quantiles(v, n=4) for k, v in got.items()}
@@ -89,13 +103,7 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no")
     for batch, mean in WORKLOADS:
         w = ee.Workload(batch, mean)
-        fns = ours(w)
-        if acc:
-            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
-        want = torch.cat(fns["read"](), 1)
-        for name in list(fns)[1:]:
-            check_same(name, torch.cat(fns[name](), 1), want, w.name)
-        fns["copy"] = copy_fn(w.moved)
+        fns = checked(ours(w), w, acc, p)
         print(f"{w.name}: " + medians(time_samples(fns, flush, 200)), flush=True)
         w = None
         torch.cuda.empty_cache()

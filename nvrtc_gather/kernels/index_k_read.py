@@ -94,8 +94,8 @@ def launch_rule(head_dim: int, sm_count: int, batch: int):
     a factor of two of the row-major grid: not where the longest request would leave most of it
     empty, nor where a max_seq_len below the rows would leave few blocks looping (it is the
     engine's host int: it sizes the grid, and the kernel covers every row whatever it says).
-    Measured on an H100 (benchmarks/NOTES.md v27): 0.1-0.4 µs faster than the row-major tiles
-    where the grid fits one wave, slower where it took two."""
+    Measured on an H100: 0.1-0.4 µs faster than the row-major tiles where the grid fits one
+    wave, slower where it took two."""
     rule = shape_rule(head_dim, sm_count)
     by_request = 2 <= batch <= THREADS
 
