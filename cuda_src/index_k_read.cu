@@ -276,14 +276,15 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
 }
 
 // Request-major tiles (the host's choice for 2 to NG_THREADS requests where their grid, sized by
-// the engine's max_seq_len, fits one wave: kernels/index_k_read.py launch_rule): block b works for request r = b % R (R = max(batch,
-// 1)) on its positions [y*T, y*T + T), y = b / R, then y + Y, y + 2Y, ... (Y = gridDim.x / R, T =
-// tokens_per_cta), so the grid sets only how many blocks share a request, never which rows are
-// written. A block knows its request from its index, so its rows' page ids load beside the
-// lengths: every row's bytes are two DRAM round trips away, with no scan and no search between.
-// The lengths before r are summed (saturating) for the destination rows alone. The last
-// request's blocks also write the zero rows past the lengths' sum, up to num_rows. Index values
-// are untrusted as in index_k_read_body, with the same reports in debug mode.
+// the engine's max_seq_len, fits one wave: kernels/index_k_read.py launch_rule): block b works
+// for request r = b % R (R = max(batch, 1)) on its positions [y*T, y*T + T), y = b / R, then
+// y + Y, y + 2Y, ... (Y = gridDim.x / R, T = tokens_per_cta), so the grid sets only how many
+// blocks share a request, never which rows are written. A block knows its request from its
+// index, so its rows' page ids load beside the lengths: every row's bytes are two DRAM round
+// trips away, with no scan and no search between. The lengths before r are summed (saturating)
+// for the destination rows alone. The last request's blocks also write the zero rows past the
+// lengths' sum, up to num_rows. Index values are untrusted as in index_k_read_body, with the
+// same reports in debug mode.
 template <int KVEC, int UNROLL, typename LT, typename PT>
 __device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& p) {
     __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row of the tile; page -1 = a zero row
