@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import torch
 
 import engine_entries as ee
-from read_vs_gather import checked, layout_of, medians, ours, rebuilt
+from read_vs_gather import checked, forced, layout_of, medians, ours, rebuilt
 from timing import check_same, flush_buffer, time_samples
 from nvrtc_gather.jit import runtime
 from nvrtc_gather.jit.spec import Entry
@@ -56,27 +56,32 @@ WORKLOADS = [(16, 2048), (64, 2048), (128, 1024), (256, 512), (200, 300), (4, 81
              (1024, 256)]
 
 
+def tile_rule(layout):
+    """The layout's row-major tile rule (shape_rule) on this GPU: rows -> (rows a block, shape)."""
+    return spec.shape_rule(layout.head_dim, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
 def row_major(layout):
     """``layout`` launching its row-major tiles on every call (shape_rule's, the rule before the
     request-major tiles)."""
-    rule = spec.shape_rule(layout.head_dim, torch.cuda.get_device_properties(0).multi_processor_count)
+    rule = tile_rule(layout)
 
     def launch(n, max_len):
         tpc, shape = rule(n)
         return tpc, shape, -(-n // tpc)
-    return layout._replace(launch=launch, launchers={}, calls={})
+    return forced(layout, launch)
 
 
 def by_request(layout, batch: int, bounded: bool = True):
     """``layout`` launching its request-major tiles on every call (the launch rule's tiles and
     grid, its row-major choice overridden); ``bounded=False``: the entries built without their
     __launch_bounds__ block count."""
-    rule = spec.shape_rule(layout.head_dim, torch.cuda.get_device_properties(0).multi_processor_count)
+    rule = tile_rule(layout)
 
     def launch(n, max_len):
         tpc, _ = rule(n)
         return tpc, "req", spec.grid_by_request(batch, max_len, tpc)
-    out = layout._replace(launch=launch, launchers={}, calls={})
+    out = forced(layout, launch)
     if bounded:
         return out
     free = {key: dataclasses.replace(m, name=m.name + "_free", entries=tuple(
@@ -94,8 +99,8 @@ def tile_variant(layout, batch: int, tpc: int, unroll: int, min_blocks: int):
     module = dataclasses.replace(m, name=name, entries=(Entry(name, body, min_blocks),))
     handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
     go = handle.launcher(name, 0, layout.image)
-    return layout._replace(launch=lambda n, max_len: (tpc, "req", spec.grid_by_request(batch, max_len, tpc)),
-                           launchers={(16, "req"): go}, calls={})
+    return forced(layout, lambda n, max_len: (tpc, "req", spec.grid_by_request(batch, max_len, tpc)),
+                  {(16, "req"): go})
 
 
 def main(workloads):

@@ -64,6 +64,13 @@ def layout_of(w):
     return index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
 
 
+def forced(layout, launch, launchers=None):
+    """``layout`` launching, on every call, what ``launch(rows, max_seq_len) -> (rows a block,
+    shape, blocks)`` picks (the remembered calls cleared; ``launchers``: (vector width, shape) ->
+    launcher, built on first use where not given)."""
+    return layout._replace(launch=launch, launchers=dict(launchers or {}), calls={})
+
+
 def rebuilt(layout, modules: dict, on_load=None):
     """``layout`` with every launcher built from ``modules`` (spec.MODULES' keys -> a module of the
     same entry points: a base or variant build), each loaded module given to ``on_load`` first."""
@@ -136,8 +143,7 @@ def tiles(workloads):
         layout = layout_of(w)
         for tpc, shape in ((64, ""), (128, ""), (256, ""), (256, "wide")):
             name = f"read {tpc}{' wide' if shape else ''}"
-            fixed = layout._replace(launch=lambda n, m, tpc=tpc, shape=shape: (tpc, shape, -(-n // tpc)),
-                                    launchers={}, calls={})
+            fixed = forced(layout, lambda n, m, tpc=tpc, shape=shape: (tpc, shape, -(-n // tpc)))
             fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens,
                                                               max(w.lens))
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
