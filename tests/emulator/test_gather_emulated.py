@@ -81,6 +81,19 @@ def test_one_long_request_over_many_blocks(build):
                                     extra_rows=40), tpc)
 
 
+def test_rows_whose_vectors_do_not_divide_the_block(build):
+    """head_dim 96, 100 and 200 (6, 25 and 50 vectors a row at the widths the pointers allow): a
+    thread's vectors, NG_THREADS apart, fall in different columns of different rows (the tile
+    copy steps to the next one by a row and column count, carrying a column past the row's end
+    into the next row), over blocks of several vectors a thread."""
+    _, dll = build
+    rng = random.Random(11)
+    for hd, qbs in ((96, 32), (100, 25), (200, 50)):
+        for tpc in (37, 128, 256):
+            check(dll, make_gather_case(rng, block_size=16, head_dim=hd, quant_block_size=qbs, batch=3,
+                                        lens=[300, 0, 457]), tpc)
+
+
 # Rows per block for the bad-index tests: the tiny kernel (8) and the 16 KiB one.
 SHAPES = pytest.mark.parametrize("tpc", [8, 37], ids=["tiny", "blocks"])
 

@@ -1,0 +1,132 @@
+"""The tile copy (cuda_src/tile_copy.cuh, shared by the indexer gather and the index-K read's
+tile entries) against two variants of its value loop, and the wide entries with a
+__launch_bounds__ block count, in one process: the read through SGLang's entry (its launch
+rule's entry) beside SGLang 0.5.23's Triton read (where it imports), the gather on the same rows
+(gather.prepared, outputs allocated once) and a copy of the same bytes. Lengths int64 and page
+ids int32, as SGLang passes them. Bytes checked equal first (the reads against each other, the
+gathers against the read); then REPS shuffled runs (timing.time_samples: L2 flushed, CUDA
+events), medians and 25th-75th percentiles; then each 16-byte entry's registers as loaded.
+
+    [REPS=400] python3 benchmarks/experiments/copy_ab.py [BxM ...]
+
+"read"/"gather": as shipped. "*_bounded": the same source, the wide entries bounded at
+WIDE_RESIDENT blocks an SM (a wide grid counts on one wave of 4 an SM: gather.tokens_per_cta).
+"*_step": also each thread's (row, column) stepped by a constant (dt rows, dc columns, a column
+past the row carried into the next row) instead of a division a vector. "*_hoist": also the
+destination computed once for a copied and a zero row (written in both branches, ptxas issued
+the zero row's, predicated off, on every vector of the read).
+
+Prediction (written before the run, from sm_90 SASS under NVRTC 13.5, 16-byte entries): the
+copy issues ~60 instructions a vector; "step" ~55 in the read and ~35 in the gather, "hoist"
+~46 in the read; a thread's last load issues 100-180 instructions earlier. Expected 0.05-0.2 us
+off the rows whose copy phase is the critical path (16x2048, 64x2048, 2x16384, 1024x256; gather
+and read alike), nothing on the warp-a-row calls. The bound: NVRTC 13.5 gives the gather's
+16-byte wide entry 70 registers (3 blocks an SM); where the device's NVRTC does too, "gather" is
+slower than "gather_bounded" at the wide rows (1x131072). Under NVRTC 13.5 "hoist" splits the
+skip pass of the int32-lengths / int64-ids read entry (tests/jit/test_sass_order.py); "step"
+passes every SASS test. Decision: land "step" (with the bound) if faster than "bounded" on most
+rows and slower on none by more than 0.1 us."""
+import ctypes
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/experiments/
+
+import torch
+
+import engine_entries as ee
+import paged_batch as pb
+from read_vs_gather import checked, layout_of, medians, rebuilt
+from timing import check_same, flush_buffer, time_samples
+from nvrtc_gather.integrations import sglang as hook
+from nvrtc_gather.jit import driver, runtime, sources
+from nvrtc_gather.kernels import gather as gather_spec
+from nvrtc_gather.kernels import index_k_read as read_spec
+from nvrtc_gather.ops import gather, index_k_read
+
+REPS = int(os.environ.get("REPS", 400))
+WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256), (4096, 64), (2, 16384), (200, 300), (1, 16384),
+             (1, 1000), (8, 100)]
+WIDE_RESIDENT = 4
+# main's value loop, and each variant's in its place
+MAIN_LOOP = "    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt.\n    const int vpt = head_dim / KVEC;\n    const FastDiv by_vpt(vpt);\n    const int nvec = n * vpt;\n    for (int base = tid; base < nvec; base += NG_THREADS * UNROLL) {\n        V v[UNROLL];\n        i64 dst[UNROLL];\n#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            const int i = base + u * NG_THREADS;\n            dst[u] = -1;\n            if (i < nvec) {\n                const int t = by_vpt(i);\n                const int c = i - t * vpt;\n                const int2 loc = s_loc[t];\n                if (loc.x >= 0) {\n                    v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +\n                                                            (i64)loc.y * head_dim) + c);\n                    dst[u] = (i64)(row0 + t) * dst_k_row_stride + (i64)c * KVEC;\n                } else if (ZERO_SKIPPED) {\n                    v[u] = V();\n                    dst[u] = (i64)(row0 + t) * dst_k_row_stride + (i64)c * KVEC;\n                }\n            }\n        }\n"
+LOOPS = {"bounded": MAIN_LOOP, "step": "    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt. This thread's\n    // vectors are tid, tid + NG_THREADS, ...: its first (tok, col) divided once, then each next one\n    // dt rows and dc columns on, a column past vpt carried into the row (no division a vector).\n    const int vpt = head_dim / KVEC;\n    const FastDiv by_vpt(vpt);\n    int tok = by_vpt(tid), col = tid - tok * vpt;\n    const int dt = by_vpt(NG_THREADS), dc = NG_THREADS - dt * vpt;  // dc < vpt\n    while (tok < n) {  // vector i < n * vpt\n        V v[UNROLL];\n        i64 dst[UNROLL];\n#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            dst[u] = -1;\n            if (tok < n) {\n                const int2 loc = s_loc[tok];\n                if (loc.x >= 0) {\n                    v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +\n                                                            (i64)loc.y * head_dim) + col);\n                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;\n                } else if (ZERO_SKIPPED) {\n                    v[u] = V();\n                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;\n                }\n            }\n            tok += dt;\n            col += dc;\n            if (col >= vpt) {\n                col -= vpt;\n                ++tok;\n            }\n        }\n",
+         "hoist": "    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt. This thread's\n    // vectors are tid, tid + NG_THREADS, ...: its first (tok, col) divided once, then each next one\n    // dt rows and dc columns on, a column past vpt carried into the row (no division a vector).\n    const int vpt = head_dim / KVEC;\n    const FastDiv by_vpt(vpt);\n    int tok = by_vpt(tid), col = tid - tok * vpt;\n    const int dt = by_vpt(NG_THREADS), dc = NG_THREADS - dt * vpt;  // dc < vpt\n    while (tok < n) {  // vector i < n * vpt\n        V v[UNROLL];\n        i64 dst[UNROLL];\n#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            dst[u] = -1;\n            if (tok < n) {\n                const int2 loc = s_loc[tok];\n                if (loc.x >= 0 || ZERO_SKIPPED) {  // one destination computation for both\n                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;\n                    v[u] = V();\n                    if (loc.x >= 0) {\n                        v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +\n                                                                (i64)loc.y * head_dim) + col);\n                    }\n                }\n            }\n            tok += dt;\n            col += dc;\n            if (col >= vpt) {\n                col -= vpt;\n                ++tok;\n            }\n        }\n"}
+
+
+def variant_dir(loop: str) -> str:
+    """A copy of main's sources with tile_copy.cuh's value loop replaced by ``loop``, the header
+    written into the two sources that include it (NVRTC gets every header from cuda_src/)."""
+    out = Path(tempfile.mkdtemp())
+    for f in Path(sources.source_dir()).iterdir():
+        shutil.copy(f, out / f.name)
+    text = sources.read_source("tile_copy.cuh")
+    assert text.count(MAIN_LOOP) == 1, "main's tile copy changed: update the variants"
+    header = text.replace(MAIN_LOOP, loop).replace("#pragma once\n", "")
+    for name in ("gather_indexer_k.cu", "index_k_read.cu"):
+        src = (out / name).read_text()
+        assert src.count('#include "tile_copy.cuh"\n') == 1, name
+        (out / name).write_text(src.replace('#include "tile_copy.cuh"\n', header))
+    return str(out)
+
+
+def variant(modules: dict, name: str, source_dir: str) -> dict:
+    """``modules`` built from ``source_dir`` under their names + ``_name``, the wide entries bounded."""
+    return {key: dataclasses.replace(m, name=f"{m.name}_{name}", source_dir=source_dir, entries=tuple(
+        dataclasses.replace(e, min_blocks=WIDE_RESIDENT) if e.name.endswith("_wide") else e for e in m.entries))
+        for key, m in modules.items()}
+
+
+def registers(module, device: int) -> str:
+    """Each entry's registers a thread, as the driver loaded it (CU_FUNC_ATTRIBUTE_NUM_REGS = 4)."""
+    lib = ctypes.CDLL(driver.LIBRARY)
+    handle = runtime.load(module, device, runtime.current_stream(device))
+    out = []
+    for name, function in handle.functions.items():
+        n = ctypes.c_int()
+        assert lib.cuFuncGetAttribute(ctypes.byref(n), 4, ctypes.c_void_p(function)) == 0
+        out.append(f"{name} {n.value}")
+    return ", ".join(out)
+
+
+def main(workloads):
+    flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
+    dirs = {name: variant_dir(loop) for name, loop in LOOPS.items()}
+    reads = {f"read_{name}": variant(read_spec.MODULES, name, d) for name, d in dirs.items()}
+    gathers = {"gather": gather_spec.MODULES[16],
+               **{f"gather_{name}": variant(gather_spec.MODULES, name, d)[16] for name, d in dirs.items()}}
+    print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no", flush=True)
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        fns = {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args())}
+        fns["read"]()
+        layout = layout_of(w)
+        for name, modules in reads.items():
+            lay = rebuilt(layout, modules)
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+        fns = checked(fns, w, acc, p)
+        want = torch.cat(fns["read"](), 1)
+        kv = w.buf.view(w.num_blocks, pb.BLOCK_SIZE, ee.RECORD)
+        for name, module in gathers.items():
+            k = torch.empty(w.tokens, 128, dtype=torch.uint8, device="cuda")
+            s = torch.empty(w.tokens, 4, dtype=torch.uint8, device="cuda")
+            go = gather.prepared(kv, k.view(torch.float8_e4m3fn), s, w.block_table, w.cu, module=module)
+            go()
+            check_same(name, torch.cat((k, s), 1), want, w.name)
+            fns[name] = go
+        got = time_samples(fns, flush, REPS, order="shuffle")
+        print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
+        w = fns = layout = None
+        torch.cuda.empty_cache()
+    for module in (read_spec.MODULES[16, "i64", "i32"], *(m[16, "i64", "i32"] for m in reads.values()),
+                   *gathers.values()):
+        print(f"{module.name}: {registers(module, torch.cuda.current_device())}", flush=True)
+
+
+if __name__ == "__main__":
+    main([tuple(int(x) for x in a.split("x")) for a in sys.argv[1:]] or WORKLOADS)
