@@ -53,21 +53,75 @@ REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256), (4096, 64), (2, 16384), (200, 300), (1, 16384),
              (1, 1000), (8, 100)]
 WIDE_RESIDENT = 4
-# main's value loop, and each variant's in its place
-MAIN_LOOP = "    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt.\n    const int vpt = head_dim / KVEC;\n    const FastDiv by_vpt(vpt);\n    const int nvec = n * vpt;\n    for (int base = tid; base < nvec; base += NG_THREADS * UNROLL) {\n        V v[UNROLL];\n        i64 dst[UNROLL];\n#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            const int i = base + u * NG_THREADS;\n            dst[u] = -1;\n            if (i < nvec) {\n                const int t = by_vpt(i);\n                const int c = i - t * vpt;\n                const int2 loc = s_loc[t];\n                if (loc.x >= 0) {\n                    v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +\n                                                            (i64)loc.y * head_dim) + c);\n                    dst[u] = (i64)(row0 + t) * dst_k_row_stride + (i64)c * KVEC;\n                } else if (ZERO_SKIPPED) {\n                    v[u] = V();\n                    dst[u] = (i64)(row0 + t) * dst_k_row_stride + (i64)c * KVEC;\n                }\n            }\n        }\n"
-LOOPS = {"bounded": MAIN_LOOP, "step": "    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt. This thread's\n    // vectors are tid, tid + NG_THREADS, ...: its first (tok, col) divided once, then each next one\n    // dt rows and dc columns on, a column past vpt carried into the row (no division a vector).\n    const int vpt = head_dim / KVEC;\n    const FastDiv by_vpt(vpt);\n    int tok = by_vpt(tid), col = tid - tok * vpt;\n    const int dt = by_vpt(NG_THREADS), dc = NG_THREADS - dt * vpt;  // dc < vpt\n    while (tok < n) {  // vector i < n * vpt\n        V v[UNROLL];\n        i64 dst[UNROLL];\n#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            dst[u] = -1;\n            if (tok < n) {\n                const int2 loc = s_loc[tok];\n                if (loc.x >= 0) {\n                    v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +\n                                                            (i64)loc.y * head_dim) + col);\n                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;\n                } else if (ZERO_SKIPPED) {\n                    v[u] = V();\n                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;\n                }\n            }\n            tok += dt;\n            col += dc;\n            if (col >= vpt) {\n                col -= vpt;\n                ++tok;\n            }\n        }\n",
-         "hoist": "    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt. This thread's\n    // vectors are tid, tid + NG_THREADS, ...: its first (tok, col) divided once, then each next one\n    // dt rows and dc columns on, a column past vpt carried into the row (no division a vector).\n    const int vpt = head_dim / KVEC;\n    const FastDiv by_vpt(vpt);\n    int tok = by_vpt(tid), col = tid - tok * vpt;\n    const int dt = by_vpt(NG_THREADS), dc = NG_THREADS - dt * vpt;  // dc < vpt\n    while (tok < n) {  // vector i < n * vpt\n        V v[UNROLL];\n        i64 dst[UNROLL];\n#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            dst[u] = -1;\n            if (tok < n) {\n                const int2 loc = s_loc[tok];\n                if (loc.x >= 0 || ZERO_SKIPPED) {  // one destination computation for both\n                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;\n                    v[u] = V();\n                    if (loc.x >= 0) {\n                        v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +\n                                                                (i64)loc.y * head_dim) + col);\n                    }\n                }\n            }\n            tok += dt;\n            col += dc;\n            if (col >= vpt) {\n                col -= vpt;\n                ++tok;\n            }\n        }\n"}
+# each variant's value loop, in place of main's (main_loop)
+STEP_LOOP = """\
+    // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt. This thread's
+    // vectors are tid, tid + NG_THREADS, ...: its first (tok, col) divided once, then each next one
+    // dt rows and dc columns on, a column past vpt carried into the row (no division a vector).
+    const int vpt = head_dim / KVEC;
+    const FastDiv by_vpt(vpt);
+    int tok = by_vpt(tid), col = tid - tok * vpt;
+    const int dt = by_vpt(NG_THREADS), dc = NG_THREADS - dt * vpt;  // dc < vpt
+    while (tok < n) {  // vector i < n * vpt
+        V v[UNROLL];
+        i64 dst[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            dst[u] = -1;
+            if (tok < n) {
+                const int2 loc = s_loc[tok];
+                if (loc.x >= 0) {
+                    v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +
+                                                            (i64)loc.y * head_dim) + col);
+                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;
+                } else if (ZERO_SKIPPED) {
+                    v[u] = V();
+                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;
+                }
+            }
+            tok += dt;
+            col += dc;
+            if (col >= vpt) {
+                col -= vpt;
+                ++tok;
+            }
+        }
+"""
+# "hoist": the step loop with its branch on the row's location written so
+_COPIED_OR_ZERO = STEP_LOOP[STEP_LOOP.index("                if (loc.x >= 0) {"):
+                            STEP_LOOP.index("            }\n            tok += dt;")]
+_ONE_DESTINATION = """\
+                if (loc.x >= 0 || ZERO_SKIPPED) {  // one destination computation for both
+                    dst[u] = (i64)(row0 + tok) * dst_k_row_stride + (i64)col * KVEC;
+                    v[u] = V();
+                    if (loc.x >= 0) {
+                        v[u] = __ldg(reinterpret_cast<const V*>(kv_cache + (i64)loc.x * block_stride +
+                                                                (i64)loc.y * head_dim) + col);
+                    }
+                }
+"""
+HOIST_LOOP = STEP_LOOP.replace(_COPIED_OR_ZERO, _ONE_DESTINATION)
+LOOPS = {"bounded": None, "step": STEP_LOOP, "hoist": HOIST_LOOP}
 
 
-def variant_dir(loop: str) -> str:
-    """A copy of main's sources with tile_copy.cuh's value loop replaced by ``loop``, the header
-    written into the two sources that include it (NVRTC gets every header from cuda_src/)."""
+_LOOP_START = "    // fp8 values: vector i of the block's rows"
+_LOOP_END = "#pragma unroll\n        for (int u = 0; u < UNROLL; ++u) {\n            if (dst[u] >= 0)"
+
+
+def main_loop(text: str) -> str:
+    """tile_copy.cuh's value loop up to its stores (``text``: the header)."""
+    assert text.count(_LOOP_START) == 1 and text.count(_LOOP_END) == 1, "main's tile copy changed: update the variants"
+    return text[text.index(_LOOP_START):text.index(_LOOP_END)]
+
+
+def variant_dir(loop: str | None) -> str:
+    """A copy of main's sources with tile_copy.cuh's value loop replaced by ``loop`` (None: main's),
+    the header written into the two sources that include it (NVRTC gets every header from cuda_src/)."""
     out = Path(tempfile.mkdtemp())
     for f in Path(sources.source_dir()).iterdir():
         shutil.copy(f, out / f.name)
     text = sources.read_source("tile_copy.cuh")
-    assert text.count(MAIN_LOOP) == 1, "main's tile copy changed: update the variants"
-    header = text.replace(MAIN_LOOP, loop).replace("#pragma once\n", "")
+    header = text.replace(main_loop(text), loop or main_loop(text)).replace("#pragma once\n", "")
     for name in ("gather_indexer_k.cu", "index_k_read.cu"):
         src = (out / name).read_text()
         assert src.count('#include "tile_copy.cuh"\n') == 1, name

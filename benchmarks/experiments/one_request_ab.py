@@ -13,11 +13,11 @@ On the rows of several requests "req" is the launch rule's own choice.
 
 Prediction (written before the run, with the request-major copy then writing no zero rows: each
 zeroed by its own thread, NOTES v25's variant): 0.4-0.7 us off 1x131072 and 1x65536, 0-0.2 off
-1x16384. Refuted (H100, NOTES v28): request-major lost on every one-request row, by 1.3 us at
-1x131072 (19.33 against 18.02-18.08; req128 19.07, req_u8 19.10), 0.45 at 1x65536 (same tiles
-and grid as the row-major ones), 0.3 at 1x16384, 0.1 at 1x4096; the copy without its zero
-branch moved request-major 0.13 us at 1x131072 and within +-0.1 elsewhere. One request stays on
-the row-major body."""
+1x16384. Refuted (H100; NOTES.md, the fourteenth session of 2026-12-06): request-major lost on
+every one-request row, by 1.3 us at 1x131072 (19.33 against 18.02-18.08; req128 19.07, req_u8
+19.10), 0.45 at 1x65536 (same tiles and grid as the row-major ones), 0.3 at 1x16384, 0.1 at
+1x4096; the copy without its zero branch moved request-major 0.13 us at 1x131072 and within
++-0.1 elsewhere. One request stays on the row-major body."""
 import os
 import sys
 from pathlib import Path

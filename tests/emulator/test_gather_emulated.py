@@ -82,10 +82,10 @@ def test_one_long_request_over_many_blocks(build):
 
 
 def test_rows_whose_vectors_do_not_divide_the_block(build):
-    """head_dim 96, 100 and 200 (6, 25 and 50 vectors a row at the widths the pointers allow): a
-    thread's vectors, NG_THREADS apart, fall in different columns of different rows (the tile
-    copy steps to the next one by a row and column count, carrying a column past the row's end
-    into the next row), over blocks of several vectors a thread."""
+    """head_dim 96, 100 and 200 (6, 25 and 50 vectors a row at the widths the pointers allow): the
+    vectors a row do not divide a block's threads, so a thread's vectors, NG_THREADS apart, fall
+    in different columns of different rows (the tile copy's mapping of a vector to its row and
+    column), over blocks of several vectors a thread."""
     _, dll = build
     rng = random.Random(11)
     for hd, qbs in ((96, 32), (100, 25), (200, 50)):
