@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/experimen
 import torch
 
 import engine_entries as ee
-from by_request_ab import tile_rule, tile_variant
+from by_request_ab import row_major, tile_rule, tile_variant
 from read_vs_gather import checked, forced, layout_of, medians, ours
 from timing import flush_buffer, time_samples
 from nvrtc_gather.kernels import index_k_read as spec
@@ -36,12 +36,6 @@ from nvrtc_gather.ops import index_k_read
 
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(1, 131072), (1, 65536), (1, 16384), (1, 4096), (16, 2048), (2, 16384), (64, 512), (1024, 256)]
-
-
-def rows_of(layout):
-    """``layout`` launching its row-major tiles (shape_rule's) on every call."""
-    rule = tile_rule(layout)
-    return forced(layout, lambda n, max_len: (rule(n)[0], rule(n)[1], -(-n // rule(n)[0])))
 
 
 def req_of(layout, batch: int, tpc: int | None = None):
@@ -63,7 +57,7 @@ def main(workloads):
         fns = ours(w)  # "read": the launch rule's choice
         fns["read"]()
         layout = layout_of(w)
-        lays = [("rows", rows_of(layout)), ("rows_again", rows_of(layout)), ("req", req_of(layout, batch))]
+        lays = [("rows", row_major(layout)), ("rows_again", row_major(layout)), ("req", req_of(layout, batch))]
         if batch == 1 and tile_rule(layout)(w.tokens)[0] == 256:
             lays += [("req128", req_of(layout, batch, 128)),
                      ("req_u8", tile_variant(layout, batch, 256, 8, 4))]
