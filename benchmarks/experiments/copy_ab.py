@@ -101,7 +101,13 @@ _ONE_DESTINATION = """\
                 }
 """
 HOIST_LOOP = STEP_LOOP.replace(_COPIED_OR_ZERO, _ONE_DESTINATION)
-LOOPS = {"bounded": None, "step": STEP_LOOP, "hoist": HOIST_LOOP}
+# name -> (value loop, {entry suffix: blocks an SM its __launch_bounds__ asks}); "same" is main
+# rebuilt under another name (the A/A control for a build's own effect); "rows6": also the
+# row-major entry ("" suffix; 40 registers, 6 blocks an SM fit) bounded; VARIANTS=name,... times a subset
+BUILDS = {"same": (None, {}), "bounded": (None, {"_wide": WIDE_RESIDENT}),
+          "rows6": (None, {"_wide": WIDE_RESIDENT, "": 6}),
+          "step": (STEP_LOOP, {"_wide": WIDE_RESIDENT}), "hoist": (HOIST_LOOP, {"_wide": WIDE_RESIDENT})}
+BUILDS = {k: v for k, v in BUILDS.items() if k in os.environ.get("VARIANTS", "bounded,step,hoist").split(",")}
 
 
 _LOOP_START = "    // fp8 values: vector i of the block's rows"
@@ -129,10 +135,11 @@ def variant_dir(loop: str | None) -> str:
     return str(out)
 
 
-def variant(modules: dict, name: str, source_dir: str) -> dict:
-    """``modules`` built from ``source_dir`` under their names + ``_name``, the wide entries bounded."""
+def variant(modules: dict, name: str, source_dir: str, resident: dict) -> dict:
+    """``modules`` built from ``source_dir`` under their names + ``_name``, the entries named by
+    ``resident`` (their suffix) bounded at its blocks an SM."""
     return {key: dataclasses.replace(m, name=f"{m.name}_{name}", source_dir=source_dir, entries=tuple(
-        dataclasses.replace(e, min_blocks=WIDE_RESIDENT) if e.name.endswith("_wide") else e for e in m.entries))
+        dataclasses.replace(e, min_blocks=resident.get(e.name[len(m.name):], e.min_blocks)) for e in m.entries))
         for key, m in modules.items()}
 
 
@@ -150,10 +157,10 @@ def registers(module, device: int) -> str:
 
 def main(workloads):
     flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
-    dirs = {name: variant_dir(loop) for name, loop in LOOPS.items()}
-    reads = {f"read_{name}": variant(read_spec.MODULES, name, d) for name, d in dirs.items()}
+    dirs = {name: (variant_dir(loop), resident) for name, (loop, resident) in BUILDS.items()}
+    reads = {f"read_{name}": variant(read_spec.MODULES, name, *d) for name, d in dirs.items()}
     gathers = {"gather": gather_spec.MODULES[16],
-               **{f"gather_{name}": variant(gather_spec.MODULES, name, d)[16] for name, d in dirs.items()}}
+               **{f"gather_{name}": variant(gather_spec.MODULES, name, *d)[16] for name, d in dirs.items()}}
     print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no", flush=True)
     for batch, mean in workloads:
         w = ee.Workload(batch, mean)
@@ -166,9 +173,11 @@ def main(workloads):
         fns = checked(fns, w, acc, p)
         want = torch.cat(fns["read"](), 1)
         kv = w.buf.view(w.num_blocks, pb.BLOCK_SIZE, ee.RECORD)
+        # one destination for every gather: a build's time, not where its outputs happen to lie
+        k = torch.empty(w.tokens, 128, dtype=torch.uint8, device="cuda")
+        s = torch.empty(w.tokens, 4, dtype=torch.uint8, device="cuda")
         for name, module in gathers.items():
-            k = torch.empty(w.tokens, 128, dtype=torch.uint8, device="cuda")
-            s = torch.empty(w.tokens, 4, dtype=torch.uint8, device="cuda")
+            k.fill_(0xFF), s.fill_(0xFF)
             go = gather.prepared(kv, k.view(torch.float8_e4m3fn), s, w.block_table, w.cu, module=module)
             go()
             check_same(name, torch.cat((k, s), 1), want, w.name)

@@ -33,6 +33,13 @@ BY_REQUEST = ("req",)
 # registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
 # spilled and measured no faster). The launch rule keeps its grid within one wave of these.
 RESIDENT = 5
+# The wide entry's __launch_bounds__ block count: the blocks its 64 registers a thread already
+# allow (4 x 256 threads fill an SM's 64K registers; sm_90, NVRTC 13.0 and 13.5, with or without
+# the bound). Asked for, ptxas schedules the copy otherwise, and it measured 0.5-0.7 us faster at
+# 1x131072, 64x2048 and 4x32768 (H100, A/A within 0.1 us). The gather's wide entry measured
+# 1.2-1.5 us slower bounded so, and stays free.
+WIDE_RESIDENT = 4
+_BOUNDS = {"req": RESIDENT, "wide": WIDE_RESIDENT}  # shape -> its entry's blocks an SM
 
 
 def module_name(vec: int, lengths: str, pages: str) -> str:
@@ -47,8 +54,7 @@ def entry_name(vec: int, lengths: str, pages: str, shape: str = "") -> str:
 MODULES = {(vec, lt, pt): KernelModule(
     name=module_name(vec, lt, pt),
     source="index_k_read.cu",
-    entries=tuple(Entry(entry_name(vec, lt, pt, s), _BODIES[s].format(vec=vec, lt=lt, pt=pt),
-                        RESIDENT if s in BY_REQUEST else 0)
+    entries=tuple(Entry(entry_name(vec, lt, pt, s), _BODIES[s].format(vec=vec, lt=lt, pt=pt), _BOUNDS.get(s, 0))
                   for s in SHAPES),
     params=PARAMS,
     label="get_index_k_scale_buffer",
