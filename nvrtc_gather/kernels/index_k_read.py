@@ -33,12 +33,12 @@ BY_REQUEST = ("req",)
 # registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
 # spilled and measured no faster). The launch rule keeps its grid within one wave of these.
 RESIDENT = 5
-# The wide entry's __launch_bounds__ block count: the blocks its 64 registers a thread already
-# allow (4 x 256 threads fill an SM's 64K registers; sm_90, NVRTC 13.0 and 13.5, with or without
-# the bound). Asked for, ptxas schedules the copy otherwise, and it measured 0.5-0.7 us faster at
-# 1x131072, 64x2048 and 4x32768 (H100, A/A within 0.1 us). The gather's wide entry measured
-# 1.2-1.5 us slower bounded so, and stays free.
-WIDE_RESIDENT = 4
+# The wide entry's __launch_bounds__ block count: a wide grid is at most one wave of these (blocks
+# of twice the rows: gather.tokens_per_cta), and its 64 registers a thread allow them (sm_90, NVRTC
+# 13.0 and 13.5, with or without the bound). Asked for, ptxas schedules the copy otherwise, and it
+# measured 0.5-0.7 us faster at 1x131072, 64x2048 and 4x32768 (H100, A/A within 0.1 us). The
+# gather's wide entry measured 1.2-1.5 us slower bounded so, and stays free.
+WIDE_RESIDENT = gather.CTAS_PER_SM // 2
 _BOUNDS = {"req": RESIDENT, "wide": WIDE_RESIDENT}  # shape -> its entry's blocks an SM
 
 

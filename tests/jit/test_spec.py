@@ -154,7 +154,7 @@ def test_an_entrys_block_count_bound_is_its_launch_bounds():
     """Entry.min_blocks is __launch_bounds__' second argument (ptxas keeps the registers to fit that
     many blocks an SM), and only the index-K read's entries that were measured with one have it:
     the request-major entry's, index_k_read.RESIDENT, is what its launch rule counts on; the wide
-    entry's, index_k_read.WIDE_RESIDENT, the blocks its registers allow (the gather's own wide
+    entry's, index_k_read.WIDE_RESIDENT, one wave of the largest wide grid (the gather's own wide
     entry measured slower bounded)."""
     bounded = set()
     for m in kernels.ALL_MODULES:
@@ -166,6 +166,11 @@ def test_an_entrys_block_count_bound_is_its_launch_bounds():
             if e.min_blocks:
                 bounded.add((e.name.rsplit("_", 1)[-1], e.min_blocks))
     assert bounded == {("req", index_k_read.RESIDENT), ("wide", index_k_read.WIDE_RESIDENT)}
+    # the wide entry's bound is a wave of the largest wide grid (the rows of one wave of 16 KiB blocks)
+    sms, most = 132, gather_kernels.BYTES_PER_CTA // 128
+    rows = most * sms * gather_kernels.CTAS_PER_SM
+    assert index_k_read.shape_for(128, rows, sms)[1] == "wide" != index_k_read.shape_for(128, rows + 1, sms)[1]
+    assert index_k_read.grid(rows, index_k_read.shape_for(128, rows, sms)[0]) == sms * index_k_read.WIDE_RESIDENT
 
 
 def test_the_write_shapes_tokens_per_lane_come_from_the_spec():
