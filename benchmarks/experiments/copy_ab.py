@@ -7,16 +7,18 @@ ids int32, as SGLang passes them. Bytes checked equal first (the reads against e
 gathers against the read); then REPS shuffled runs (timing.time_samples: L2 flushed, CUDA
 events), medians and 25th-75th percentiles; then each 16-byte entry's registers as loaded.
 
-    [REPS=400] python3 benchmarks/experiments/copy_ab.py [BxM ...]
+    [REPS=400] [VARIANTS=bounded,step,hoist] python3 benchmarks/experiments/copy_ab.py [BxM ...]
 
-"read"/"gather": as shipped. "*_bounded": the same source, the wide entries bounded at
-WIDE_RESIDENT blocks an SM (a wide grid counts on one wave of 4 an SM: gather.tokens_per_cta).
-"*_step": also each thread's (row, column) stepped by a constant (dt rows, dc columns, a column
-past the row carried into the next row) instead of a division a vector. "*_hoist": also the
-destination computed once for a copied and a zero row (written in both branches, ptxas issued
-the zero row's, predicated off, on every vector of the read).
+"read"/"gather": as shipped. "*_same": main's source rebuilt under another name (the A/A control:
+a build's own effect). "*_bounded": the wide entries bounded at WIDE_RESIDENT blocks an SM (a wide
+grid is at most one wave of 4 an SM: gather.tokens_per_cta). "*_rows6": also the row-major entry
+bounded at 6 (its 40 registers allow 6). "*_step": bounded, and each thread's (row, column)
+stepped by a constant (dt rows, dc columns, a column past the row carried into the next row)
+instead of a division a vector. "*_hoist": also the destination computed once for a copied and a
+zero row (written in both branches, ptxas issued the zero row's, predicated off, on every vector
+of the read). The gathers share one destination (a build's time, not where its outputs lie).
 
-Prediction (written before the run, from sm_90 SASS under NVRTC 13.5, 16-byte entries): the
+Prediction (written before the first run, from sm_90 SASS under NVRTC 13.5, 16-byte entries): the
 copy issues ~60 instructions a vector; "step" ~55 in the read and ~35 in the gather, "hoist"
 ~46 in the read; a thread's last load issues 100-180 instructions earlier. Expected 0.05-0.2 us
 off the rows whose copy phase is the critical path (16x2048, 64x2048, 2x16384, 1024x256; gather
@@ -25,7 +27,18 @@ and read alike), nothing on the warp-a-row calls. The bound: NVRTC 13.5 gives th
 slower than "gather_bounded" at the wide rows (1x131072). Under NVRTC 13.5 "hoist" splits the
 skip pass of the int32-lengths / int64-ids read entry (tests/jit/test_sass_order.py); "step"
 passes every SASS test. Decision: land "step" (with the bound) if faster than "bounded" on most
-rows and slower on none by more than 0.1 us."""
+rows and slower on none by more than 0.1 us.
+
+Results (H100, NVRTC 13.0: every 16-byte wide entry 64 registers with or without the bound).
+Run 1 (all builds, 10 rows): "step" slower than "bounded" by 0.74 us at 64x2048, so it does not
+land; "hoist" within 0.15 of "bounded" everywhere. The bound alone: the read 0.6 us faster at
+1x131072 and 64x2048, the gather 1.2-1.3 us slower. Runs 2 and 3 (same, bounded; the gathers
+sharing a destination): read_same within 0.1 of read on every row, read_bounded 0.5-0.7 faster at
+1x131072, 64x2048 and 4x32768 (the wide rows) and within 0.1 elsewhere; gather_bounded 1.2-1.5
+slower at the wide rows. The read's wide entry took the bound (kernels/index_k_read.py
+WIDE_RESIDENT); the gather's did not. The same registers, a different schedule: the speed moved
+opposite ways in the two entries, and the count of instructions between loads (fewer in both
+bounded builds) does not predict it."""
 import ctypes
 import dataclasses
 import os
