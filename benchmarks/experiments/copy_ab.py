@@ -65,7 +65,7 @@ from nvrtc_gather.ops import gather, index_k_read
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256), (4096, 64), (2, 16384), (200, 300), (1, 16384),
              (1, 1000), (8, 100)]
-WIDE_RESIDENT = 4
+WIDE_RESIDENT = read_spec.WIDE_RESIDENT  # main's read has it since these runs; the gather's wide does not
 # each variant's value loop, in place of main's (main_loop)
 STEP_LOOP = """\
     // fp8 values: vector i of the block's rows is token i / vpt, column i % vpt. This thread's
@@ -190,7 +190,8 @@ def main(workloads):
         k = torch.empty(w.tokens, 128, dtype=torch.uint8, device="cuda")
         s = torch.empty(w.tokens, 4, dtype=torch.uint8, device="cuda")
         for name, module in gathers.items():
-            k.fill_(0xFF), s.fill_(0xFF)
+            k.fill_(0xFF)
+            s.fill_(0xFF)
             go = gather.prepared(kv, k.view(torch.float8_e4m3fn), s, w.block_table, w.cu, module=module)
             go()
             check_same(name, torch.cat((k, s), 1), want, w.name)
