@@ -72,15 +72,15 @@ def row_major(layout):
     return forced(layout, launch)
 
 
-def by_request(layout, batch: int, bounded: bool = True):
-    """``layout`` launching its request-major tiles on every call (the launch rule's tiles and
-    grid, its row-major choice overridden); ``bounded=False``: the entries built without their
-    __launch_bounds__ block count."""
+def by_request(layout, batch: int, bounded: bool = True, tpc: int | None = None):
+    """``layout`` launching its request-major tiles on every call (the launch rule's tiles, or
+    ``tpc`` rows a block, and grid, its row-major choice overridden); ``bounded=False``: the
+    entries built without their __launch_bounds__ block count."""
     rule = tile_rule(layout)
 
     def launch(n, max_len):
-        tpc, _ = rule(n)
-        return tpc, "req", spec.grid_by_request(batch, max_len, tpc)
+        t = tpc or rule(n)[0]
+        return t, "req", spec.grid_by_request(batch, max_len, t)
     out = forced(layout, launch)
     if bounded:
         return out

@@ -28,25 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/experimen
 import torch
 
 import engine_entries as ee
-from by_request_ab import row_major, tile_rule, tile_variant
-from read_vs_gather import checked, forced, layout_of, medians, ours
+from by_request_ab import by_request, row_major, tile_rule, tile_variant
+from read_vs_gather import checked, layout_of, medians, ours
 from timing import flush_buffer, time_samples
-from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(1, 131072), (1, 65536), (1, 16384), (1, 4096), (16, 2048), (2, 16384), (64, 512), (1024, 256)]
-
-
-def req_of(layout, batch: int, tpc: int | None = None):
-    """``layout`` launching request-major tiles on every call: the rule's rows a block (or ``tpc``),
-    one block a tile for one request, grid_by_request's grid for several."""
-    rule = tile_rule(layout)
-
-    def launch(n, max_len):
-        t = tpc or rule(n)[0]
-        return t, "req", -(-n // t) if batch == 1 else spec.grid_by_request(batch, max_len, t)
-    return forced(layout, launch)
 
 
 def main(workloads):
@@ -57,9 +45,9 @@ def main(workloads):
         fns = ours(w)  # "read": the launch rule's choice
         fns["read"]()
         layout = layout_of(w)
-        lays = [("rows", row_major(layout)), ("rows_again", row_major(layout)), ("req", req_of(layout, batch))]
+        lays = [("rows", row_major(layout)), ("rows_again", row_major(layout)), ("req", by_request(layout, batch))]
         if batch == 1 and tile_rule(layout)(w.tokens)[0] == 256:
-            lays += [("req128", req_of(layout, batch, 128)),
+            lays += [("req128", by_request(layout, batch, tpc=128)),
                      ("req_u8", tile_variant(layout, batch, 256, 8, 4))]
         for name, lay in lays:
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
