@@ -17,7 +17,8 @@ from timing import check_same, copy_fn, l2_bytes, timed
 from nvrtc_gather.integrations import sglang as hook
 
 NAME, REPS = "entries", 60
-WORKLOADS = [(1, 1000), (8, 100), (16, 2048), (1, 131072), (64, 2048), (1024, 256), (4096, 64)]
+WORKLOADS = [(1, 1000), (8, 100), (16, 2048), (2, 16384), (4, 32768), (8, 16384), (1, 131072), (64, 2048), (1024, 256),
+             (4096, 64)]
 RECORD, TARGET = 132, 1.3  # bytes of a token; issue 34's ratio to the copy
 HOST_RATIOS = ("sglang_get_us", "sglang_set_us", "sglang_get_hooked_us", "sglang_set_hooked_us")
 

@@ -31,7 +31,7 @@ _BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}>", "wide": "index_k_read_
 BY_REQUEST = ("req",)
 # Blocks of the request-major entry an SM holds at once, guaranteed by its __launch_bounds__ (48
 # registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
-# spilled and measured no faster). The launch rule keeps its grid within one wave of these.
+# spilled and measured no faster).
 RESIDENT = 5
 # The wide entry's __launch_bounds__ block count: a wide grid is at most one wave of these (blocks
 # of twice the rows: gather.tokens_per_cta), and its 64 registers a thread allow them (sm_90, NVRTC
@@ -95,13 +95,13 @@ def launch_rule(head_dim: int, sm_count: int, batch: int):
     """A layout's launch as a function of a call's row count and the engine's max_seq_len:
     (rows per block, entry shape, blocks). shape_rule's tiles; request-major ones of the same
     rows (a block per tile of a request, grid_by_request) in place of its 16 KiB tiles for 2 to
-    THREADS requests where that grid fits one wave of resident blocks (its blocks past the
-    requests' ends exit after one round trip, but in a second wave they cost one) and is within
-    a factor of two of the row-major grid: not where the longest request would leave most of it
-    empty, nor where a max_seq_len below the rows would leave few blocks looping (it is the
-    engine's host int: it sizes the grid, and the kernel covers every row whatever it says).
-    Measured on an H100: 0.1-0.4 µs faster than the row-major tiles where the grid fits one
-    wave, slower where it took two."""
+    THREADS requests where that grid is within a factor of two of the row-major grid: not where
+    the longest request would leave most of it empty (its blocks past the requests' ends exit
+    after one round trip), nor where a max_seq_len below the rows would leave few blocks looping
+    (it is the engine's host int: it sizes the grid, and the kernel covers every row whatever it
+    says). Not in place of the wide tiles (a grid of one wave: request-major ones measured 0.7-1
+    µs slower). Measured on an H100 against the row-major tiles: 0.1-0.4 µs faster where the
+    grid fits one wave, 0.2-0.8 µs faster on grids of 1.1-2.2 waves (2-200 requests)."""
     rule = shape_rule(head_dim, sm_count)
     by_request = 2 <= batch <= THREADS
 
@@ -110,7 +110,7 @@ def launch_rule(head_dim: int, sm_count: int, batch: int):
         blocks = -(-n // tpc)
         if by_request and shape == "":
             mine = grid_by_request(batch, max_len, tpc)
-            if mine <= sm_count * RESIDENT and blocks <= 2 * mine and mine <= 2 * blocks + batch:
+            if blocks <= 2 * mine and mine <= 2 * blocks + batch:
                 return tpc, "req", mine
         return tpc, shape, blocks
     return launch

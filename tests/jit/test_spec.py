@@ -214,3 +214,29 @@ def test_the_index_k_reads_per_call_shape_rule_is_the_gathers_policy():
         for n in sorted({1, 7, 8, 9, 100, 1000, 2 * sms * 8, 2 * sms * 8 + 1, wave * 3 // 4, wave * 3 // 4 + 1,
                          wave, wave + 1, 131072, 10**6, 2**31 - 300}):
             assert rule(n) == index_k_read.shape_for(head_dim, n, sms), (head_dim, sms, n)
+
+
+def test_the_index_k_reads_launch_rule_takes_request_major_tiles_in_place_of_narrow_ones():
+    """kernels.index_k_read.launch_rule: request-major tiles (a block per tile of each request,
+    grid_by_request) for 2 to 256 requests in place of the narrow row-major tiles, whether their
+    grid fits one wave or takes two (the engine's max_seq_len sizes it: within 2x of the
+    row-major grid); never for one request or past 256, nor in place of the wide or tiny tiles."""
+    from nvrtc_gather.kernels import index_k_read
+    sms = 132
+    # (requests, rows, max_seq_len) -> shape: the bench's SGLang rows and the A/B runs' multi-wave ones
+    cases = {(16, 30155, 3024): "req", (2, 39540, 20791): "req", (200, 60000, 446): "req",
+             (8, 144971, 23117): "req", (4, 65536, 24052): "req", (256, 60000, 300): "req",
+             (4, 123875, 45465): "wide", (64, 119994, 3000): "wide", (8, 596, 150): "tiny",
+             (1, 65536, 65536): "", (257, 60000, 300): "", (1024, 253609, 384): "",
+             (8, 144971, 10 * 23117): "",  # the longest request 10x the mean: most of the grid empty
+             (8, 144971, 2000): ""}        # max_seq_len far below the rows a request: few blocks, each looping
+    for (batch, rows, longest), want in cases.items():
+        tpc, shape, blocks = index_k_read.launch_rule(128, sms, batch)(rows, longest)
+        assert shape == want, (batch, rows, longest, shape)
+        assert tpc == index_k_read.shape_rule(128, sms)(rows)[0]  # the row-major tiles' rows either way
+        if shape == "req":
+            assert blocks == index_k_read.grid_by_request(batch, longest, tpc)
+        else:
+            assert blocks == index_k_read.grid(rows, tpc)
+    # past one wave of the request-major entry's resident blocks (5 an SM): 1448 blocks
+    assert index_k_read.launch_rule(128, sms, 8)(144971, 23117)[2] > sms * index_k_read.RESIDENT
