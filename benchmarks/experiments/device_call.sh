@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call (the wheels installed as scripts/gpu_check.sh does): the steps named in STEPS, in
+# order, logs in $OUT. rule, copy, req, profile: the A/B scripts and the Nsight call of NOTES v29;
+# bench: the record's run; truth: the GPU tests beside memcheck and racecheck of the read's
+# request-major tiles; any other step: scripts/gpu_check.sh's stage of that name.
+#   STEPS="bench cli truth" [TRUTH_S=420] bash benchmarks/experiments/device_call.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}; mkdir -p "$OUT"
+{ cmp -s <(ls -l .whl/*.whl) /tmp/ng-site/.installed || { rm -rf /tmp/ng-site && python3 -m pip install -q \
+    --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ng-site .whl/*.whl \
+    && ls -l .whl/*.whl > /tmp/ng-site/.installed; }; }
+export PYTHONPATH=$PWD:/tmp/ng-site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| nvrtc', m.version('nvidia-cuda-nvrtc'))"
+for step in ${STEPS:-bench copy req profile}; do  # a step not named below: scripts/gpu_check.sh's stage
+  echo "=== $step $(date +%T) ==="
+  case $step in
+    rule) REPS=400 python3 benchmarks/experiments/rule_ab.py 8x16384 8x8192 16x4096 4x16384 200x300 32x2048 128x512 2>&1 | tee "$OUT/rule_ab.log" ;;
+    bench) python3 benchmarks/bench.py "$OUT" --skip-first-calls --tag v29 > "$OUT/bench.log" 2>&1; tail -5 "$OUT/bench.log" ;;
+    copy) VARIANTS=same,rows6 REPS=300 python3 benchmarks/experiments/copy_ab.py 8x16384 4x32768 4096x64 1024x256 2>&1 | tee "$OUT/copy_ab.log" ;;
+    req) TILES=1 TILE_LIST="128,4,5 256,4,4 256,8,3" ORDER=shuffle REPS=300 \
+           python3 benchmarks/experiments/by_request_ab.py 8x16384 4x32768 2x16384 2>&1 | tee "$OUT/req_ab.log" ;;
+    profile) ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__registers_per_thread,launch__grid_size \
+           --kernel-name regex:'index_k_read|gather_indexer|_get_k_and_s' python3 benchmarks/experiments/by_request_ab.py profile 8x16384 1024x256 \
+           > "$OUT/ncu.csv" 2> "$OUT/ncu.err"; tail -3 "$OUT/ncu.err" ;;
+    # the GPU tests beside memcheck and racecheck of the read's request-major tiles (each cut at TRUTH_S seconds)
+    truth) timeout ${TRUTH_S:-420} env TEST_WORKERS=${TEST_WORKERS:-12} scripts/gpu_check.sh tests_gpu &
+           for run in "memcheck request_major" "racecheck request_major and shape5"; do
+             set -- $run; tool=$1; shift
+             timeout ${TRUTH_S:-420} compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m pytest \
+               -q -p no:cacheprovider tests/gpu/test_index_k_read_gpu.py -k "$*" > "$OUT/$tool.log" 2>&1 &
+           done
+           wait; tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log" ;;
+    *) TEST_WORKERS=${TEST_WORKERS:-13} scripts/gpu_check.sh $step ;;
+  esac
+done
+echo "=== done $(date +%T) ==="
