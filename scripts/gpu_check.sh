@@ -21,19 +21,11 @@ cd "$(dirname "$0")/.."
 status=0
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-# Wheels carried in .whl/ (the device has no package index; scripts/device_wheels.sh downloads
-# them): SGLang for its GPU tests (tests/gpu/test_sglang_triton_gpu.py), which must then run
-# rather than skip.
-if ls .whl/*.whl > /dev/null 2>&1; then
-  # installed once a machine for these wheels (their listing kept beside them): a second gpu_check.sh
-  # running beside the first imports the same files; other wheels are installed afresh
-  { cmp -s <(ls -l .whl/*.whl) /tmp/ng-site/.installed || { rm -rf /tmp/ng-site && python3 -m pip install -q \
-      --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ng-site .whl/*.whl \
-      && ls -l .whl/*.whl > /tmp/ng-site/.installed; }; } \
-    && export PYTHONPATH=$PWD:/tmp/ng-site || status=1
-  # accessor: SGLang must import, but only its accessor's imports are carried (not its backends')
-  ls .whl/sglang-*.whl > /dev/null 2>&1 && export NVRTC_GATHER_REQUIRE_SGLANG=accessor
-fi
+# SGLang's wheels carried in .whl/ for its GPU tests (tests/gpu/test_sglang_triton_gpu.py), which
+# must then run rather than skip.
+. scripts/carried_wheels.sh || status=1
+# accessor: SGLang must import, but only its accessor's imports are carried (not its backends')
+ls .whl/sglang-*.whl > /dev/null 2>&1 && export NVRTC_GATHER_REQUIRE_SGLANG=accessor
 # One compute-sanitizer run (its tool, then pytest's paths and options) of the fast GPU tests,
 # appended to $OUT/<tool>.log, its summary lines shown; a failure sets status
 sanitize() {

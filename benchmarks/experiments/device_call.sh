@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (the wheels installed as scripts/gpu_check.sh does): the steps named in STEPS, in
+# One device call (the carried wheels installed: scripts/carried_wheels.sh): the steps named in STEPS, in
 # order, logs in $OUT. rule, copy, req, profile: the A/B scripts and the Nsight call of NOTES v29;
 # bench: the record's run; truth: the GPU tests beside memcheck and racecheck of the read's
 # request-major tiles; any other step: scripts/gpu_check.sh's stage of that name.
@@ -7,10 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}; mkdir -p "$OUT"
-{ cmp -s <(ls -l .whl/*.whl) /tmp/ng-site/.installed || { rm -rf /tmp/ng-site && python3 -m pip install -q \
-    --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ng-site .whl/*.whl \
-    && ls -l .whl/*.whl > /tmp/ng-site/.installed; }; }
-export PYTHONPATH=$PWD:/tmp/ng-site PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+. scripts/carried_wheels.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| nvrtc', m.version('nvidia-cuda-nvrtc'))"
 for step in ${STEPS:-bench copy req profile}; do  # a step not named below: scripts/gpu_check.sh's stage
