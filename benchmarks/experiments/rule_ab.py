@@ -22,7 +22,15 @@ every row-major multi-wave row, within 0.1 elsewhere; request-major tiles faster
 the requests are long (8x16384, 8x8192, 16x8192: thousands of rows a request, few partial
 tiles), slower where they are short (200x300, 128x512: many partial tiles). Decision: land rows6
 if no row is slower by more than 0.1; take request-major past one wave only for the shapes where
-it beats rows6 by more than 0.2, with a rule stated in the requests' length in tiles."""
+it beats rows6 by more than 0.2, with a rule stated in the requests' length in tiles.
+
+Result (H100, NVRTC 13.0, one run of 400; NOTES v29 has the table): rows6 within 0.07 us of rows
+on every row (copy_ab's gain did not repeat): not landed. Request-major tiles faster than the
+row-major ones on every narrow-tile row of 2-200 requests, 0.22-0.77 us (8x16384 20.38 against
+21.15; its grid is 2.2 waves of 5 blocks an SM, not the 1.3 written above), short requests
+(200x300, 128x512) included against the prediction; slower in place of the wide tiles (0.7-1.0),
+past 256 requests and for one request. So no rule in tiles a request: the launch rule
+(kernels/index_k_read.py launch_rule) dropped its one-wave condition instead."""
 import dataclasses
 import os
 import sys
