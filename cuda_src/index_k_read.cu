@@ -275,8 +275,9 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
 }
 
-// Request-major tiles (the host's choice for 2 to NG_THREADS requests where their grid, sized by
-// the engine's max_seq_len, fits one wave: kernels/index_k_read.py launch_rule): block b works
+// Request-major tiles (the host's choice for 2 to NG_THREADS requests in place of the narrow
+// row-major tiles, where their grid, sized by the engine's max_seq_len, is within 2x of the
+// row-major one: kernels/index_k_read.py launch_rule): block b works
 // for request r = b % R (R = max(batch, 1)) on its positions [y*T, y*T + T), y = b / R, then
 // y + Y, y + 2Y, ... (Y = gridDim.x / R, T = tokens_per_cta), so the grid sets only how many
 // blocks share a request, never which rows are written. A block knows its request from its
