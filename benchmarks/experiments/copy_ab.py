@@ -148,9 +148,10 @@ def variant_dir(loop: str | None) -> str:
     return str(out)
 
 
-def variant(modules: dict, name: str, source_dir: str, resident: dict) -> dict:
-    """``modules`` built from ``source_dir`` under their names + ``_name``, the entries named by
-    ``resident`` (their suffix) bounded at its blocks an SM."""
+def variant(modules: dict, name: str, source_dir: str | None, resident: dict) -> dict:
+    """``modules`` built from ``source_dir`` (None: the package's cuda_src/) under their names +
+    ``_name``, the entries named by ``resident`` (their suffix; "" the unsuffixed entry) bounded at
+    its blocks an SM."""
     return {key: dataclasses.replace(m, name=f"{m.name}_{name}", source_dir=source_dir, entries=tuple(
         dataclasses.replace(e, min_blocks=resident.get(e.name[len(m.name):], e.min_blocks)) for e in m.entries))
         for key, m in modules.items()}

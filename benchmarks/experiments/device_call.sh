@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call (the carried wheels installed: scripts/carried_wheels.sh): the steps named in STEPS, in
 # order, logs in $OUT. rule, copy, req, profile: the A/B scripts and the Nsight call of NOTES v29;
-# bench: the record's run; truth: the GPU tests beside memcheck and racecheck of the read's
-# request-major tiles; any other step: scripts/gpu_check.sh's stage of that name.
+# bench: the record's run; truth: scripts/gpu_check.sh's GPU tests beside its memcheck and
+# racecheck stages; any other step: scripts/gpu_check.sh's stage of that name.
 #   STEPS="bench cli truth" [TAG=v30] [TRUTH_S=420] bash benchmarks/experiments/device_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,14 +22,10 @@ for step in ${STEPS:-bench copy req profile}; do  # a step not named below: scri
     profile) ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__registers_per_thread,launch__grid_size \
            --kernel-name regex:'index_k_read|gather_indexer|_get_k_and_s' python3 benchmarks/experiments/by_request_ab.py profile 8x16384 1024x256 \
            > "$OUT/ncu.csv" 2> "$OUT/ncu.err"; tail -3 "$OUT/ncu.err" ;;
-    # the GPU tests beside memcheck and racecheck of the read's request-major tiles (each cut at TRUTH_S seconds)
+    # the GPU tests beside gpu_check.sh's memcheck and racecheck stages (each run cut at TRUTH_S seconds)
     truth) timeout ${TRUTH_S:-420} env TEST_WORKERS=${TEST_WORKERS:-12} scripts/gpu_check.sh tests_gpu &
-           for run in "memcheck request_major" "racecheck request_major and shape5"; do
-             set -- $run; tool=$1; shift
-             timeout ${TRUTH_S:-420} compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 -m pytest \
-               -q -p no:cacheprovider tests/gpu/test_index_k_read_gpu.py -k "$*" > "$OUT/$tool.log" 2>&1 &
-           done
-           wait; tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log" ;;
+           timeout ${TRUTH_S:-420} scripts/gpu_check.sh memcheck racecheck
+           wait ;;
     *) TEST_WORKERS=${TEST_WORKERS:-13} scripts/gpu_check.sh $step ;;
   esac
 done

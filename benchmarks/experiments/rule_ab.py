@@ -31,7 +31,6 @@ row-major ones on every narrow-tile row of 2-200 requests, 0.22-0.77 us (8x16384
 (200x300, 128x512) included against the prediction; slower in place of the wide tiles (0.7-1.0),
 past 256 requests and for one request. So no rule in tiles a request: the launch rule
 (kernels/index_k_read.py launch_rule) dropped its one-wave condition instead."""
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch
 
 import engine_entries as ee
 from by_request_ab import by_request, row_major
+from copy_ab import variant
 from read_vs_gather import checked, layout_of, medians, ours, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.kernels import index_k_read as spec
@@ -50,10 +50,8 @@ from nvrtc_gather.ops import index_k_read
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(8, 16384), (16, 8192), (8, 8192), (16, 4096), (32, 2048), (32, 4096), (64, 1024), (128, 512),
              (200, 300), (256, 512), (4, 16384), (1024, 256), (4096, 64), (1, 65536), (16, 2048), (2, 16384)]
-# the row-major entry ("" suffix) bounded at 6 blocks an SM, under its own module names
-ROWS6 = {key: dataclasses.replace(m, name=m.name + "_rows6", entries=tuple(
-    dataclasses.replace(e, min_blocks=6) if e.name == m.name else e for e in m.entries))
-    for key, m in spec.MODULES.items()}
+# the row-major entry ("" suffix) bounded at 6 blocks an SM, main's sources under their own module names
+ROWS6 = variant(spec.MODULES, "rows6", None, {"": 6})
 
 
 def main(workloads):

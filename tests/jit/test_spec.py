@@ -153,9 +153,9 @@ def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
 def test_an_entrys_block_count_bound_is_its_launch_bounds():
     """Entry.min_blocks is __launch_bounds__' second argument (ptxas keeps the registers to fit that
     many blocks an SM), and only the index-K read's entries that were measured with one have it:
-    the request-major entry's, index_k_read.RESIDENT, is what its launch rule counts on; the wide
-    entry's, index_k_read.WIDE_RESIDENT, one wave of the largest wide grid (the gather's own wide
-    entry measured slower bounded)."""
+    the request-major entry's, index_k_read.RESIDENT (the 48 registers ptxas chose for it); the
+    wide entry's, index_k_read.WIDE_RESIDENT, one wave of the largest wide grid (the gather's own
+    wide entry measured slower bounded)."""
     bounded = set()
     for m in kernels.ALL_MODULES:
         text = sources.module_source(m)
