@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (the carried wheels installed: scripts/carried_wheels.sh): the steps named in STEPS, in
-# order, logs in $OUT. rule, copy, req, profile: the A/B scripts and the Nsight call of NOTES v29;
+# order, logs in $OUT. rule, copy, req, profile, code: the A/B scripts and the Nsight call of NOTES v29-v30;
 # bench: the record's run; truth: scripts/gpu_check.sh's GPU tests beside its memcheck and
 # racecheck stages; any other step: scripts/gpu_check.sh's stage of that name.
 #   STEPS="bench cli truth" [TAG=v30] [TRUTH_S=420] bash benchmarks/experiments/device_call.sh
@@ -15,6 +15,7 @@ for step in ${STEPS:-bench copy req profile}; do  # a step not named below: scri
   echo "=== $step $(date +%T) ==="
   case $step in
     rule) REPS=400 python3 benchmarks/experiments/rule_ab.py 8x16384 8x8192 16x4096 4x16384 200x300 32x2048 128x512 2>&1 | tee "$OUT/rule_ab.log" ;;
+    code) REPS=${REPS:-300} python3 benchmarks/experiments/code_ab.py 2>&1 | tee "$OUT/code_ab.log" ;;
     bench) python3 benchmarks/bench.py "$OUT" --skip-first-calls --tag "${TAG:-unlabelled}" > "$OUT/bench.log" 2>&1; tail -5 "$OUT/bench.log" ;;
     copy) VARIANTS=same,rows6 REPS=300 python3 benchmarks/experiments/copy_ab.py 8x16384 4x32768 4096x64 1024x256 2>&1 | tee "$OUT/copy_ab.log" ;;
     req) TILES=1 TILE_LIST="128,4,5 256,4,4 256,8,3" ORDER=shuffle REPS=300 \
