@@ -10,20 +10,32 @@ medians and 25th-75th percentiles; then each build's code size.
     [REPS=300] python3 benchmarks/experiments/code_ab.py [BxM ...]
 
 "read": as shipped. "same": main's sources rebuilt under another name (A/A). "noreport": every
-report compiled out (not shippable: debug mode reports nothing; the bound on what the code's size
-costs). "cold": each report an out-of-line call (__noinline__), its test of the error pointer left
-inline; debug mode unchanged. "read_warm" and "sglang_warm": the shipped read and SGLang's, each
-timed after a launch of its own kernel between the flush and the timed call (the read: its launch
-of this call with 64 rows, into 64-row outputs; SGLang's: its Triton kernel on the same batch's
-page table, the first request 64 long and the others empty), so its code is in the L2 and its data is not.
+report compiled out (not shippable: debug mode reports nothing; the bound on what the reports'
+code costs). "const": the read's layout fields page_size, head_dim and scale_words replaced by
+SGLang's values (64, 128, 1: valid for that layout only, as Triton compiles its constexprs), so
+ptxas folds their divisions and branches; "lean": const and noreport. "<build>_warm" (read,
+lean) and "sglang_warm": timed after a launch of the same kernel between the flush and the timed
+call (ours: this call's launch with 64 rows, into 64-row outputs; SGLang's: its Triton kernel
+with the first request 64 long and the others empty), so its code is in the L2 and its data is
+not.
 
-Prediction (written before the run): if code fetch after the flush costs the read time, noreport
-is faster than same by 0.2-0.5 us on the tile rows (16x2048, 2x16384, 8x16384, 64x2048, 1x131072,
-1024x256), cold by most of that, and the warp-a-row rows (1x1000, 8x100) move less (their entry
-is smaller); and read_warm gains more on read than sglang_warm on SGLang's. If neither moves by
-more than the A/A spread (0.1), the code's size is not where the read's event-timed gap to Triton
-comes from. Decision: land cold where it is faster than same on
-most tile rows and slower on none by more than 0.1."""
+Run 1 (H100, 300 runs; then "cold", each report an out-of-line __noinline__ call, in place of
+const and lean). Prediction: if code fetch after the flush costs the read time, noreport is
+0.2-0.5 us faster than same on the tile rows and read_warm gains more on read than sglang_warm on
+SGLang's. Result: read_warm 0.13-0.39 us faster than read on the six tile rows (2x16384 0.26,
+8x16384 0.13, 16x2048 0.18, 64x2048 0.29, 1x131072 0.35, 1024x256 0.39), 0.03 on the warp-a-row
+rows; sglang_warm within 0.09 of sglang on the tile rows (0.16-0.19 faster on the small ones).
+With its code warm the read ties or beats SGLang's warm read on every row but 8x16384 (0.28
+behind). noreport: 0.0-0.16 faster on the tile rows (the reports are 6-8% of the code), 0.1
+slower on the small ones; cold 0.2-0.5 slower on the request-major rows. So the code's fetch
+costs the read, the reports are not most of it, and an out-of-line call costs more than it saves.
+
+Run 2 (const, lean; code sizes sm_90, NVRTC 13.0, the 16-byte int64/int32 module: main req 23.8
+KB, tiny 15.4, wide 38.4, row-major 34.6; const 15.5, 7.0, 29.2, 26.2; lean 14.5, 5.5, 26.8,
+23.9). Prediction (written before the run): const and lean take 0.1-0.3 us off the tile rows and
+lean's warm gain is under half of read's; a build that beats read by 0.2 on most rows is the
+case for compiling the read per layout (NVRTC compiles at first use anyway: the layout's
+fields become constants)."""
 import os
 import subprocess
 import sys
@@ -48,27 +60,34 @@ from nvrtc_gather.ops import index_k_read
 REPS = int(os.environ.get("REPS", 300))
 WORKLOADS = [(2, 16384), (8, 16384), (16, 2048), (64, 2048), (1, 131072), (1024, 256), (1, 1000), (8, 100)]
 # What follows the includes of index_k_read.cu in each build (ng_report is used only after them)
+NOREPORT = "#define ng_report(err, code, a, b, c) ((void)0)\n"
+# (after the includes, whole-file replacements)
 REPORTS = {
-    "same": "",
-    "noreport": "#define ng_report(err, code, a, b, c) ((void)0)\n",
-    "cold": ("__device__ __noinline__ void ng_report_cold(i64* err, int code, i64 a, i64 b, i64 c) {\n"
-             "    if (atomicCAS((u64*)err, 0ull, (u64)code) == 0ull) { err[1] = a; err[2] = b; err[3] = c; }\n"
-             "}\n"
-             "#define ng_report(err, code, a, b, c) do { if (err) ng_report_cold(err, code, a, b, c); } while (0)\n"),
+    "same": ("", False),
+    "noreport": (NOREPORT, False),
+    "const": ("", True),
+    "lean": (NOREPORT, True),
 }
+# SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
+CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
+WARM = ("read", "lean")  # the builds also timed with their code warm
 
 
-def build_dir(extra: str) -> str:
-    """A copy of main's sources with ``extra`` after index_k_read.cu's includes."""
+def build_dir(extra: str, constants: bool) -> str:
+    """A copy of main's index_k_read.cu with ``extra`` after its includes, and with CONSTANTS."""
     out = Path(tempfile.mkdtemp())
     src = sources.read_source("index_k_read.cu")
     assert src.count(ANCHOR) == 1
-    (out / "index_k_read.cu").write_text(src.replace(ANCHOR, ANCHOR + extra))
+    src = src.replace(ANCHOR, ANCHOR + extra)
+    for field, value in CONSTANTS.items() if constants else ():
+        assert field in src, field
+        src = src.replace(field, value)
+    (out / "index_k_read.cu").write_text(src)
     return str(out)
 
 
-BUILDS = {name: variant(spec.MODULES, name, build_dir(extra), {}) for name, extra in REPORTS.items()}
+BUILDS = {name: variant(spec.MODULES, name, build_dir(*how), {}) for name, how in REPORTS.items()}
 
 
 def code_sizes(module) -> str:
@@ -89,14 +108,18 @@ def code_sizes(module) -> str:
     return ", ".join(sizes) or "(no .text sections listed)"
 
 
-def warm_launches(w, layout, acc, p) -> dict:
-    """name -> a launch of that function's kernel on 64 rows (read_warm) or 64-long requests
-    (sglang_warm), run between the flush and the timed call."""
+def warm_launches(w, layouts: dict, acc, p) -> dict:
+    """name -> a launch of that function's kernel on 64 rows (name_warm for each layout in
+    ``layouts``) or with one 64-long request and the rest empty (sglang_warm), run between the
+    flush and the timed call."""
     n = min(64, w.tokens)
-    go, tpc, blocks = index_k_read._call(layout, w.buf.data_ptr() & 15 | w.tokens << 4 | max(w.lens) << 36)
     k, s = w.buf.new_empty(n, 128), w.buf.new_empty(n, 4)
-    ptrs = (w.buf.data_ptr(), k.data_ptr(), s.data_ptr(), w.lens_t.data_ptr(), w.block_table.data_ptr(), n, tpc)
-    out = {"read_warm": lambda _outputs=(k, s): go(ptrs, 0, blocks)}  # the outputs live as long as the launch
+    out = {}
+    for name, layout in layouts.items():
+        go, tpc, blocks = index_k_read._call(layout, w.buf.data_ptr() & 15 | w.tokens << 4 | max(w.lens) << 36)
+        ptrs = (w.buf.data_ptr(), k.data_ptr(), s.data_ptr(), w.lens_t.data_ptr(), w.block_table.data_ptr(), n, tpc)
+        # the outputs live as long as the launch
+        out[f"{name}_warm"] = lambda go=go, ptrs=ptrs, blocks=blocks, _outputs=(k, s): go(ptrs, 0, blocks)
     if acc:
         lens = torch.zeros_like(w.lens_t)
         lens[0] = n
@@ -133,14 +156,15 @@ def main(workloads):
         fns = {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args())}
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
+        lays = {"read": layout}
         for name, modules in BUILDS.items():
-            lay = rebuilt(layout, modules)
+            lay = lays[name] = rebuilt(layout, modules)
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
         fns = checked(fns, w, acc, p)
-        pre = warm_launches(w, layout, acc, p)
-        fns["read_warm"] = fns["read"]
-        if "sglang" in fns:
-            fns["sglang_warm"] = fns["sglang"]
+        pre = warm_launches(w, {k: lays[k] for k in WARM}, acc, p)
+        for name in [*WARM, "sglang"]:
+            if name in fns:
+                fns[f"{name}_warm"] = fns[name]
         got = time_warm(fns, pre, flush, REPS)
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
