@@ -7,7 +7,7 @@ SGLang 0.5.23's Triton read and a copy of the same bytes; lengths int64, page id
 passes them. Bytes checked equal first; then REPS shuffled runs (L2 flushed, CUDA events),
 medians and 25th-75th percentiles; then each build's code size.
 
-    [REPS=300] python3 benchmarks/experiments/code_ab.py [BxM ...]
+    [REPS=300] [BUILDS=same,noreport,const,lean] python3 benchmarks/experiments/code_ab.py [BxM ...]
 
 "read": as shipped. "same": main's sources rebuilt under another name (A/A). "noreport": every
 report compiled out (not shippable: debug mode reports nothing; the bound on what the reports'
@@ -17,7 +17,8 @@ ptxas folds their divisions and branches; "lean": const and noreport. "<build>_w
 lean) and "sglang_warm": timed after a launch of the same kernel between the flush and the timed
 call (ours: this call's launch with 64 rows, into 64-row outputs; SGLang's: its Triton kernel
 with the first request 64 long and the others empty), so its code is in the L2 and its data is
-not.
+not. "generic" (where the shipped layout launches constant-size entries, kernels/index_k_read.py
+FIXED_LAYOUT): the same call through the layout's general entries, in the same module.
 
 Run 1 (H100, 300 runs; then "cold", each report an out-of-line __noinline__ call, in place of
 const and lean). Prediction: if code fetch after the flush costs the read time, noreport is
@@ -37,6 +38,7 @@ lean's warm gain is under half of read's; a build that beats read by 0.2 on most
 case for compiling the read per layout (NVRTC compiles at first use anyway: the layout's
 fields become constants)."""
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -49,8 +51,6 @@ import torch
 import engine_entries as ee
 from copy_ab import variant
 from read_vs_gather import checked, layout_of, medians, rebuilt
-import random
-
 from timing import _SPIN_CYCLES, flush_buffer
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.jit import compiler, sources
@@ -71,7 +71,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "lean")  # the builds also timed with their code warm
+WARM = ("read", "generic", "lean")  # timed with their code warm too, where present
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -87,7 +87,8 @@ def build_dir(extra: str, constants: bool) -> str:
     return str(out)
 
 
-BUILDS = {name: variant(spec.MODULES, name, build_dir(*how), {}) for name, how in REPORTS.items()}
+BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
+          for name in os.environ.get("BUILDS", ",".join(REPORTS)).split(",") if name}
 
 
 def code_sizes(module) -> str:
@@ -158,12 +159,17 @@ def main(workloads):
         layout = layout_of(w)
         lays = {"read": layout}
         for name, modules in BUILDS.items():
-            lay = lays[name] = rebuilt(layout, modules)
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            lays[name] = rebuilt(layout, modules)
+        if getattr(layout, "fixed", False):  # constant-size entries: the same call through the general ones too
+            lays["generic"] = layout._replace(fixed=False, launchers={}, calls={})
+        for name, lay in lays.items():
+            if name != "read":
+                fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens,
+                                                              max(w.lens))
         fns = checked(fns, w, acc, p)
-        pre = warm_launches(w, {k: lays[k] for k in WARM}, acc, p)
+        pre = warm_launches(w, {k: lays[k] for k in WARM if k in lays}, acc, p)
         for name in [*WARM, "sglang"]:
-            if name in fns:
+            if name in fns and (name in lays or name == "sglang"):
                 fns[f"{name}_warm"] = fns[name]
         got = time_warm(fns, pre, flush, REPS)
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
