@@ -41,7 +41,7 @@ def copy_fn(moved: int, gen: torch.Generator | None = None):
 
 
 def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3,
-                 order: str = "rotate") -> dict[str, list[float]]:
+                 order: str = "rotate", pre: dict | None = None) -> dict[str, list[float]]:
     """µs of every run of each function, runs interleaved (a, b, c, b, c, a, c, a, b, ...) with
     the L2 flushed before each, so slow drift of clocks or host affects all alike.
 
@@ -50,7 +50,8 @@ def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3,
     events. The order rotates because whichever function ran first in every round read up
     to 0.7 µs high on small and one-wave calls (cause not found; benchmarks/NOTES.md).
     ``order="shuffle"``: a random order each round (seeded), so no function follows the same
-    one every time (rotated, each mostly follows the one before it in ``fns``)."""
+    one every time (rotated, each mostly follows the one before it in ``fns``). ``pre``: name ->
+    a function run after the spin, before that name's first event (untimed)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -63,6 +64,8 @@ def time_samples(fns: dict, flush: torch.Tensor, reps: int, warmup: int = 3,
         for k in shuffled.sample(names, len(names)) if shuffled else names[i % len(names):] + names[:i % len(names)]:
             flush.zero_()
             torch.cuda._sleep(_SPIN_CYCLES)
+            if pre and k in pre:
+                pre[k]()
             ev[k][i][0].record()
             fns[k]()
             ev[k][i][1].record()

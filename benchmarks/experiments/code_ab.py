@@ -1,11 +1,12 @@
-"""Does the index-K read lose time to its own code? Its debug reports (ng_report: an atomicCAS and
-three stores, inlined at each of a dozen sites) make the read's entries 10-24 KB of sm_90 code,
-the first value load 11 KB into the request-major entry, where SGLang's Triton read is a few KB.
-After the L2 flush (and in an engine, after the other kernels of a layer) that code comes from
-DRAM. Builds of the read, each timed through SGLang's entry (the launch rule's entry) beside
-SGLang 0.5.23's Triton read and a copy of the same bytes; lengths int64, page ids int32, as SGLang
-passes them. Bytes checked equal first; then REPS shuffled runs (L2 flushed, CUDA events),
-medians and 25th-75th percentiles; then each build's code size.
+"""Does the index-K read lose time to its own code? Its entries are 15-38 KB of sm_90 code (the
+16-byte int64/int32 module: request-major 23.8 KB, the first value load 11 KB in; tiny 15.4;
+wide 38.4; row-major 34.6), with a dozen inlined debug reports (ng_report: an atomicCAS and three
+stores) and every size of the layout a run-time value. After the L2 flush (in an engine, after
+the other kernels of a layer) that code comes from DRAM. Builds of the read, each timed through
+SGLang's entry (the launch rule's entry) beside SGLang 0.5.23's Triton read and a copy of the
+same bytes; lengths int64, page ids int32, as SGLang passes them. Bytes checked equal first; then
+REPS shuffled runs (L2 flushed, CUDA events), medians and 25th-75th percentiles; then each build's
+code size.
 
     [REPS=300] [BUILDS=same,noreport,const,lean] python3 benchmarks/experiments/code_ab.py [BxM ...]
 
@@ -38,7 +39,6 @@ lean's warm gain is under half of read's; a build that beats read by 0.2 on most
 case for compiling the read per layout (NVRTC compiles at first use anyway: the layout's
 fields become constants). Not run: the session's device time went to failed starts."""
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -51,7 +51,7 @@ import torch
 import engine_entries as ee
 from copy_ab import variant
 from read_vs_gather import checked, layout_of, medians, rebuilt
-from timing import _SPIN_CYCLES, flush_buffer
+from timing import flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.jit import compiler, sources
 from nvrtc_gather.kernels import index_k_read as spec
@@ -128,27 +128,6 @@ def warm_launches(w, layouts: dict, acc, p) -> dict:
     return out
 
 
-def time_warm(fns: dict, pre: dict, flush, reps: int) -> dict:
-    """timing.time_samples' shuffled runs, ``pre[name]`` (where given) launched after the spin,
-    before the timed call's first event."""
-    for fn in fns.values():
-        fn()
-    names, order = list(fns), random.Random(0)
-    ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-          for k in names}
-    for i in range(reps):
-        for k in order.sample(names, len(names)):
-            flush.zero_()
-            torch.cuda._sleep(_SPIN_CYCLES)
-            if k in pre:
-                pre[k]()
-            ev[k][i][0].record()
-            fns[k]()
-            ev[k][i][1].record()
-    torch.cuda.synchronize()
-    return {k: [a.elapsed_time(b) * 1000.0 for a, b in ev[k]] for k in names}
-
-
 def main(workloads):
     flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
     print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no", flush=True)
@@ -171,7 +150,7 @@ def main(workloads):
         for name in [*WARM, "sglang"]:
             if name in fns and (name in lays or name == "sglang"):
                 fns[f"{name}_warm"] = fns[name]
-        got = time_warm(fns, pre, flush, REPS)
+        got = time_samples(fns, flush, REPS, order="shuffle", pre=pre)
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
