@@ -50,7 +50,7 @@ import torch
 
 import engine_entries as ee
 from copy_ab import variant
-from read_vs_gather import checked, layout_of, medians, rebuilt
+from read_vs_gather import checked, forced, layout_of, medians, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.jit import compiler, sources
@@ -111,16 +111,14 @@ def code_sizes(module) -> str:
 
 def warm_launches(w, layouts: dict, acc, p) -> dict:
     """name -> a launch of that function's kernel on 64 rows (name_warm for each layout in
-    ``layouts``) or with one 64-long request and the rest empty (sglang_warm), run between the
-    flush and the timed call."""
-    n = min(64, w.tokens)
-    k, s = w.buf.new_empty(n, 128), w.buf.new_empty(n, 4)
+    ``layouts``: the launch this call's rule picks, its entry and grid, through the same _run) or
+    with one 64-long request and the rest empty (sglang_warm), run between the flush and the timed
+    call."""
+    n, longest = min(64, w.tokens), max(w.lens)
     out = {}
     for name, layout in layouts.items():
-        go, tpc, blocks = index_k_read._call(layout, w.buf.data_ptr() & 15 | w.tokens << 4 | max(w.lens) << 36)
-        ptrs = (w.buf.data_ptr(), k.data_ptr(), s.data_ptr(), w.lens_t.data_ptr(), w.block_table.data_ptr(), n, tpc)
-        # the outputs live as long as the launch
-        out[f"{name}_warm"] = lambda go=go, ptrs=ptrs, blocks=blocks, _outputs=(k, s): go(ptrs, 0, blocks)
+        warm = forced(layout, lambda rows, max_len, call=layout.launch(w.tokens, longest): call, layout.launchers)
+        out[f"{name}_warm"] = lambda warm=warm: index_k_read._run(warm, w.buf, w.lens_t, w.block_table, n, longest)
     if acc:
         lens = torch.zeros_like(w.lens_t)
         lens[0] = n
@@ -147,9 +145,7 @@ def main(workloads):
                                                               max(w.lens))
         fns = checked(fns, w, acc, p)
         pre = warm_launches(w, {k: lays[k] for k in WARM if k in lays}, acc, p)
-        for name in [*WARM, "sglang"]:
-            if name in fns and (name in lays or name == "sglang"):
-                fns[f"{name}_warm"] = fns[name]
+        fns.update({name: fns[name.removesuffix("_warm")] for name in pre})  # timed as itself, after its pre
         got = time_samples(fns, flush, REPS, order="shuffle", pre=pre)
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
