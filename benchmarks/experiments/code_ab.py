@@ -18,8 +18,7 @@ ptxas folds their divisions and branches; "lean": const and noreport. "<build>_w
 lean) and "sglang_warm": timed after a launch of the same kernel between the flush and the timed
 call (ours: this call's launch with 64 rows, into 64-row outputs; SGLang's: its Triton kernel
 with the first request 64 long and the others empty), so its code is in the L2 and its data is
-not. "generic" (where the shipped layout launches constant-size entries, kernels/index_k_read.py
-FIXED_LAYOUT): the same call through the layout's general entries, in the same module.
+not.
 
 Run 1 (H100, 300 runs; then "cold", each report an out-of-line __noinline__ call, in place of
 const and lean). Prediction: if code fetch after the flush costs the read time, noreport is
@@ -71,7 +70,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "lean")  # timed with their code warm too, where present
+WARM = ("read", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -136,13 +135,8 @@ def main(workloads):
         layout = layout_of(w)
         lays = {"read": layout}
         for name, modules in BUILDS.items():
-            lays[name] = rebuilt(layout, modules)
-        if getattr(layout, "fixed", False):  # constant-size entries: the same call through the general ones too
-            lays["generic"] = layout._replace(fixed=False, launchers={}, calls={})
-        for name, lay in lays.items():
-            if name != "read":
-                fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens,
-                                                              max(w.lens))
+            lay = lays[name] = rebuilt(layout, modules)
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
         fns = checked(fns, w, acc, p)
         pre = warm_launches(w, {k: lays[k] for k in WARM if k in lays}, acc, p)
         fns.update({name: fns[name.removesuffix("_warm")] for name in pre})  # timed as itself, after its pre
