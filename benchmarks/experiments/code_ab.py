@@ -36,7 +36,9 @@ KB, tiny 15.4, wide 38.4, row-major 34.6; const 15.5, 7.0, 29.2, 26.2; lean 14.5
 23.9). Prediction (written before the run): const and lean take 0.1-0.3 us off the tile rows and
 lean's warm gain is under half of read's; a build that beats read by 0.2 on most rows is the
 case for compiling the read per layout (NVRTC compiles at first use anyway: the layout's
-fields become constants). Not run: the session's device time went to failed starts."""
+fields become constants). Not run: the session's device time went to failed starts. Runs 3 and 4
+(SGLang's layout built as constants in the package itself, against its general entries) live on
+branch layout-constants, with this script's "generic" comparison: NOTES v31-v32."""
 import os
 import subprocess
 import sys
