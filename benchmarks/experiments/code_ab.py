@@ -36,9 +36,25 @@ KB, tiny 15.4, wide 38.4, row-major 34.6; const 15.5, 7.0, 29.2, 26.2; lean 14.5
 23.9). Prediction (written before the run): const and lean take 0.1-0.3 us off the tile rows and
 lean's warm gain is under half of read's; a build that beats read by 0.2 on most rows is the
 case for compiling the read per layout (NVRTC compiles at first use anyway: the layout's
-fields become constants). Not run: the session's device time went to failed starts. Runs 3 and 4
-(SGLang's layout built as constants in the package itself, against its general entries) live on
-branch layout-constants, with this script's "generic" comparison: NOTES v31-v32."""
+fields become constants). Not run: the session's device time went to failed starts.
+
+Run 3 (branch layout-constants: entries of the wide, tiny and request-major shapes built with
+SGLang's layout as constants, launched for that layout; BUILDS= empty). Prediction (written before
+the run): read 0.1-0.3 us faster than generic on the wide and request-major rows (2x16384, 8x16384,
+16x2048, 64x2048, 1x131072), the two within 0.1 at 1024x256 (row-major: the same entry, an A/A
+pair) and on the warp-a-row rows; read's warm gain smaller than generic's. Result (H100, 300
+runs, medians read/generic us): 2x16384 10.32/10.40, 8x16384 21.12/20.72, 16x2048 9.50/9.57,
+64x2048 17.50/17.50, 1x131072 17.07/17.31, 1024x256 31.57/31.58 (A/A), 1x1000 5.82/6.14, 8x100
+5.76/6.02; warm, 8x16384 20.98/20.48 and 64x2048 17.66/17.22. So the tiny build is 0.26-0.32
+faster cold and warm, the wide one ties or wins cold, and the request-major one loses 0.4 at
+8x16384 with its code warm too: not the code's fetch. Its SASS spills (STACK 24: a local store before
+the tile loop, a local load in it before each tile's copy) within the 48 registers its __launch_bounds__
+allows, where the general build spills nothing; the general tiny build spills (STACK 8), the
+constant-size one does not.
+
+Run 4 (the request-major shape dropped from FIXED_SHAPES). Prediction: the request-major rows
+(2x16384, 8x16384, 16x2048) and 1024x256 read within 0.1 of generic (the same entries), the tiny
+rows 0.2-0.35 faster, the wide rows tie or better."""
 import os
 import subprocess
 import sys
