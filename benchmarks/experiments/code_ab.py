@@ -88,7 +88,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -152,6 +152,10 @@ def main(workloads):
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
         lays = {"read": layout}
+        if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less)
+            lays["generic"] = layout._replace(fixed=False, launchers={}, calls={})
+            fns["generic"] = lambda lay=lays["generic"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                           w.tokens, max(w.lens))
         for name, modules in BUILDS.items():
             lay = lays[name] = rebuilt(layout, modules)
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
