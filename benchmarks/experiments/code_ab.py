@@ -54,7 +54,13 @@ constant-size one does not.
 
 Run 4 (the request-major shape dropped from FIXED_SHAPES). Prediction: the request-major rows
 (2x16384, 8x16384, 16x2048) and 1024x256 read within 0.1 of generic (the same entries), the tiny
-rows 0.2-0.35 faster, the wide rows tie or better."""
+rows 0.2-0.35 faster, the wide rows tie or better. With it, "req4" on the request-major rows (the
+constant-size request-major entry at 4 blocks an SM, where at 5 it spilled: NOTES v32 section 2).
+Prediction: req4 0.1-0.3 faster than generic at 2x16384 and 16x2048 (grids under one wave of
+either bound), and within 0.2 of it at 8x16384 (1448 blocks: 2.2 waves of 5 blocks an SM, 2.7 of
+4); a gain there as well is the case for shipping it with the request-major shape in
+FIXED_SHAPES at its own bound."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -70,7 +76,8 @@ from copy_ab import variant
 from read_vs_gather import checked, forced, layout_of, medians, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
-from nvrtc_gather.jit import compiler, sources
+from nvrtc_gather.jit import compiler, runtime, sources
+from nvrtc_gather.jit.spec import Entry
 from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
@@ -88,7 +95,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -102,6 +109,25 @@ def build_dir(extra: str, constants: bool) -> str:
         src = src.replace(field, value)
     (out / "index_k_read.cu").write_text(src)
     return str(out)
+
+
+# "req4" (rows the read launches request-major): the request-major entry built with the fixed
+# layout's constants and bounded at 4 blocks an SM (64 registers, no spill; at 5 it spills:
+# NOTES v32 section 2), launched in place of the general one; the other shapes as "read".
+REQ4 = {key: dataclasses.replace(m, name=f"{m.name}_req4", entries=m.entries + (Entry(
+    m.name + spec.FIXED_TAG + "_req", spec._BODIES["req"].format(vec=key[0], lt=key[1], pt=key[2], fixed="true"), 4),))
+    for key, m in spec.MODULES.items()}
+
+
+def with_req4(layout):
+    """``layout`` (the fixed one) launching REQ4's request-major entry."""
+    lay = rebuilt(layout, REQ4)
+    for vec in spec.VECTOR_WIDTHS:
+        module = REQ4[(vec, *layout.types)]
+        handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
+        lay.launchers[vec, "req"] = handle.launcher(spec.module_name(vec, *layout.types) + spec.FIXED_TAG + "_req", 0,
+                                                    layout.image)
+    return lay
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -156,6 +182,10 @@ def main(workloads):
             lays["generic"] = layout._replace(fixed=False, launchers={}, calls={})
             fns["generic"] = lambda lay=lays["generic"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                            w.tokens, max(w.lens))
+            if layout.launch(w.tokens, max(w.lens))[1] == "req":
+                lays["req4"] = with_req4(layout)
+                fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                         w.tokens, max(w.lens))
         for name, modules in BUILDS.items():
             lay = lays[name] = rebuilt(layout, modules)
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
@@ -166,7 +196,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 
