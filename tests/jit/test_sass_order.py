@@ -163,6 +163,8 @@ def test_the_reads_skip_pass_loads_its_lengths_in_one_round_trip(sass, module, e
     first = [i for i in loads if i < bfly][-16]
     assert all(code[i][0] == "LDG.E.CONSTANT" for i in loads if first <= i < bfly), entry  # 32-bit words
     assert loads_before_first_wait(code, loads.index(first)) >= 15, entry
+
+
 def spills(code: list[tuple[str, str]]) -> list[str]:
     """The entry's local-memory stores and loads: the read keeps nothing in local memory, so each
     is a register spilled and refilled."""
