@@ -170,8 +170,21 @@ __device__ __forceinline__ int valid_page(i64 page, int num_pages) {
     return page >= 0 && page < num_pages ? (int)page : -1;
 }
 
-template <int KVEC, int UNROLL, typename LT, typename PT>
+// The layout fields a body reads: the call's, or with FIXED SGLang's default layout as
+// compile-time constants (page_size 64, index_head_dim 128, one fp32 scale a token; the host
+// launches those entries for that layout only: kernels/index_k_read.py FIXED_LAYOUT). With
+// constants ptxas folds the page and vector divisions and the scale-word loops, and the entry's
+// code is a quarter to half smaller (sm_90): after the L2 flush a kernel's code comes from DRAM too.
+template <bool FIXED> struct ReadSizes {
+    int page_size, head_dim, scale_words;
+    __device__ __forceinline__ explicit ReadSizes(const IndexKReadParams& p)
+        : page_size(FIXED ? 64 : p.page_size), head_dim(FIXED ? 128 : p.head_dim),
+          scale_words(FIXED ? 1 : p.scale_words) {}
+};
+
+template <int KVEC, int UNROLL, typename LT, typename PT, bool FIXED>
 __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
+    const ReadSizes<FIXED> sz(p);
     __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row; page -1 = a zero row
     __shared__ u32 s_inc[NG_THREADS];   // the chunk's inclusive prefix sums (rows before included); skip_chunks' words
     __shared__ u32 s_warp[NG_THREADS / 32];
@@ -184,7 +197,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
     const int end = (int)min((i64)row0 + tpc, p.num_rows);
     const int n = end - row0;
     const int row = row0 + tid;  // this thread's row, where tid < n
-    const FastDiv by_page(p.page_size);
+    const FastDiv by_page(sz.page_size);
     // Debug mode: block 0 reads every length (and reports the bad ones and a short num_rows).
     const bool read_all = p.error != 0 && blockIdx.x == 0;
     if (tid < n) s_loc[tid] = make_int2(-1, 0);
@@ -209,7 +222,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
         if (tid < n && (u32)row < checked_length(p, 0, (i64)len0)) {
             const u32 j = (u32)by_page(row);
             if (j < (u32)p.max_pages && (i64)guess >= 0 && (i64)guess < p.num_pages)
-                s_loc[tid] = make_int2((int)guess, (int)((u32)row - j * (u32)p.page_size));
+                s_loc[tid] = make_int2((int)guess, (int)((u32)row - j * (u32)sz.page_size));
         }
     } else {
         u32 carry = 0;  // rows of the requests before the chunk, saturated
@@ -249,7 +262,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
                     const i64 page = p.batch == 1 ? (i64)guess  // rq 0, start 0: j is the guessed column
                         : in_window ? (i64)s_win[(rq << wlog) + j] : load_index<PT>(p.page_table, at);
                     if (page >= 0 && page < p.num_pages) {
-                        s_loc[tid] = make_int2((int)page, (int)(pos - j * (u32)p.page_size));
+                        s_loc[tid] = make_int2((int)page, (int)(pos - j * (u32)sz.page_size));
                     } else {
                         ng_report(p.error, NG_ERR_PAGE_ID, row, rq,
                                   in_window ? load_index<PT>(p.page_table, at) : page);  // the id as stored
@@ -271,7 +284,7 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
             ng_report(p.error, NG_ERR_LENGTH_SUM, carry, p.num_rows, 0);
     }
     __syncthreads();
-    copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, p.page_size, p.head_dim, p.scale_words, p.dst_k,
+    copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, sz.page_size, sz.head_dim, sz.scale_words, p.dst_k,
                                   p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc, row0, n);
 }
 
@@ -286,8 +299,9 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
 // for the destination rows alone. The last request's blocks also write the zero rows past the
 // lengths' sum, up to num_rows. Index values are untrusted as in index_k_read_body, with the
 // same reports in debug mode.
-template <int KVEC, int UNROLL, typename LT, typename PT>
+template <int KVEC, int UNROLL, typename LT, typename PT, bool FIXED>
 __device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& p) {
+    const ReadSizes<FIXED> sz(p);
     __shared__ int2 s_loc[NG_THREADS];  // (page, token in page) of each row of the tile; page -1 = a zero row
     __shared__ u32 s_part[NG_THREADS / 32];  // per warp: its lengths before the request, saturated
 
@@ -298,7 +312,7 @@ __device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& 
     const u32 rq = blockIdx.x % R, y0 = blockIdx.x / R;
     const bool last = rq == R - 1, has = rq < (u32)p.batch;
     const u32 T = (u32)p.tokens_per_cta;
-    const FastDiv by_page(p.page_size);
+    const FastDiv by_page(sz.page_size);
     // One round trip: the lengths before the request (one a thread), its own, the first tile's page
     // ids (the column found first: with the division between them, ptxas waited for the lengths).
     const u64 pos0 = (u64)y0 * T + (u32)tid;
@@ -321,7 +335,7 @@ __device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& 
         if (pos0 < own) {
             if (j0 >= (u32)p.max_pages) why = 1;
             else if ((i64)id0 < 0 || (i64)id0 >= p.num_pages) why = 2;
-            else loc = make_int2((int)id0, (int)((u32)pos0 - j0 * (u32)p.page_size));
+            else loc = make_int2((int)id0, (int)((u32)pos0 - j0 * (u32)sz.page_size));
         }
         s_loc[tid] = loc;
     }
@@ -350,7 +364,7 @@ __device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& 
                         if (row < p.num_rows) ng_report(p.error, NG_ERR_PAGE_INDEX, row, rq, j);
                     } else {
                         const i64 page = load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
-                        if (page >= 0 && page < p.num_pages) loc = make_int2((int)page, (int)((u32)pos - j * (u32)p.page_size));
+                        if (page >= 0 && page < p.num_pages) loc = make_int2((int)page, (int)((u32)pos - j * (u32)sz.page_size));
                         else if (row < p.num_rows) ng_report(p.error, NG_ERR_PAGE_ID, row, rq, page);
                     }
                 }
@@ -358,7 +372,7 @@ __device__ __forceinline__ void index_k_read_by_request(const IndexKReadParams& 
             }
             __syncthreads();
         }
-        copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, p.page_size, p.head_dim, p.scale_words, p.dst_k,
+        copy_tile<KVEC, UNROLL, true>(p.kv_cache, p.page_stride, sz.page_size, sz.head_dim, sz.scale_words, p.dst_k,
                                       p.dst_k_row_stride, p.dst_scale, p.dst_scale_row_stride, s_loc,
                                       (int)(offset + c * T), (int)min((u64)T, span - c * T));
     }
@@ -378,8 +392,9 @@ __device__ __forceinline__ i64 shfl_id(i64 id, int src) {
 // load a window of the page table alongside the lengths (lane l: request l / W, column l % W, W
 // = 32 / 2^ceil(log2(batch))), so a row whose column is in the window is two DRAM round trips
 // from its bytes. Rows past the lengths' sum and rows with bad indices are written as zeros.
-template <int KVEC, typename LT, typename PT>
+template <int KVEC, typename LT, typename PT, bool FIXED>
 __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
+    const ReadSizes<FIXED> sz(p);
     typedef typename Vec<KVEC>::T V;
     const int lane = threadIdx.x & 31;
     const u32 urow = blockIdx.x * (NG_THREADS / 32) + (threadIdx.x >> 5);
@@ -425,7 +440,7 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
     int page = -1, slot = 0;
     if (rq >= 0) {
         const u32 pos = (u32)row - start;  // start <= row
-        const u32 j = pos / (u32)p.page_size;
+        const u32 j = pos / (u32)sz.page_size;
         // Every lane shuffles (rq and j are the warp's); the value counts only inside the window.
         const i64 w = shfl_id(window, (int)((((u32)rq << (wlog & 31)) | j) & 31u));
         i64 id = -1;
@@ -436,25 +451,25 @@ __device__ __forceinline__ void index_k_read_tiny(const IndexKReadParams& p) {
                 : load_index<PT>(p.page_table, (i64)rq * p.pt_row_stride + (i64)j * p.pt_col_stride);
             if (id >= 0 && id < p.num_pages) {
                 page = (int)id;
-                slot = (int)(pos - j * (u32)p.page_size);
+                slot = (int)(pos - j * (u32)sz.page_size);
             } else if (lane == 0) {
                 ng_report(p.error, NG_ERR_PAGE_ID, row, rq, id);
             }
         }
     }
-    const int vpt = p.head_dim / KVEC;
+    const int vpt = sz.head_dim / KVEC;
     V* dst = reinterpret_cast<V*>(p.dst_k + (i64)row * p.dst_k_row_stride);
     u32* sdst = reinterpret_cast<u32*>(p.dst_scale + (i64)row * p.dst_scale_row_stride);
     if (page < 0) {  // a zero row
         for (int c = lane; c < vpt; c += 32) dst[c] = V();
-        for (int c = lane; c < p.scale_words; c += 32) sdst[c] = 0u;
+        for (int c = lane; c < sz.scale_words; c += 32) sdst[c] = 0u;
         return;
     }
     const u8* base = p.kv_cache + (i64)page * p.page_stride;
-    const V* src = reinterpret_cast<const V*>(base + (i64)slot * p.head_dim);
-    const u32* ssrc = reinterpret_cast<const u32*>(base + (i64)p.page_size * p.head_dim + (i64)slot * p.scale_words * 4);
-    copy_row_by_warp(src, dst, vpt, ssrc, sdst, p.scale_words, lane);
+    const V* src = reinterpret_cast<const V*>(base + (i64)slot * sz.head_dim);
+    const u32* ssrc = reinterpret_cast<const u32*>(base + (i64)sz.page_size * sz.head_dim + (i64)slot * sz.scale_words * 4);
+    copy_row_by_warp(src, dst, vpt, ssrc, sdst, sz.scale_words, lane);
 }
 
 // Entry points: none here. The spec (nvrtc_gather/kernels/index_k_read.py) names them and the
-// body each runs (index_k_read_body<16, 4, i32, i64>, ...); the JIT appends the wrappers.
+// body each runs (index_k_read_body<16, 4, i32, i64, false>, ...); the JIT appends the wrappers.

@@ -36,9 +36,31 @@ KB, tiny 15.4, wide 38.4, row-major 34.6; const 15.5, 7.0, 29.2, 26.2; lean 14.5
 23.9). Prediction (written before the run): const and lean take 0.1-0.3 us off the tile rows and
 lean's warm gain is under half of read's; a build that beats read by 0.2 on most rows is the
 case for compiling the read per layout (NVRTC compiles at first use anyway: the layout's
-fields become constants). Not run: the session's device time went to failed starts. Runs 3 and 4
-(SGLang's layout built as constants in the package itself, against its general entries) live on
-branch layout-constants, with this script's "generic" comparison: NOTES v31-v32."""
+fields become constants). Not run: the session's device time went to failed starts.
+
+Run 3 (branch layout-constants: entries of the wide, tiny and request-major shapes built with
+SGLang's layout as constants, launched for that layout; BUILDS= empty). Prediction (written before
+the run): read 0.1-0.3 us faster than generic on the wide and request-major rows (2x16384, 8x16384,
+16x2048, 64x2048, 1x131072), the two within 0.1 at 1024x256 (row-major: the same entry, an A/A
+pair) and on the warp-a-row rows; read's warm gain smaller than generic's. Result (H100, 300
+runs, medians read/generic us): 2x16384 10.32/10.40, 8x16384 21.12/20.72, 16x2048 9.50/9.57,
+64x2048 17.50/17.50, 1x131072 17.07/17.31, 1024x256 31.57/31.58 (A/A), 1x1000 5.82/6.14, 8x100
+5.76/6.02; warm, 8x16384 20.98/20.48 and 64x2048 17.66/17.22. So the tiny build is 0.26-0.32
+faster cold and warm, the wide one ties or wins cold, and the request-major one loses 0.4 at
+8x16384 with its code warm too: not the code's fetch. Its SASS spills (STACK 24: a local store before
+the tile loop, a local load in it before each tile's copy) within the 48 registers its __launch_bounds__
+allows, where the general build spills nothing; the general tiny build spills (STACK 8), the
+constant-size one does not.
+
+Run 4 (the request-major shape dropped from FIXED_SHAPES). Prediction: the request-major rows
+(2x16384, 8x16384, 16x2048) and 1024x256 read within 0.1 of generic (the same entries), the tiny
+rows 0.2-0.35 faster, the wide rows tie or better. With it, "req4" on the request-major rows (the
+constant-size request-major entry at 4 blocks an SM, where at 5 it spilled: NOTES v32 section 2).
+Prediction: req4 0.1-0.3 faster than generic at 2x16384 and 16x2048 (grids under one wave of
+either bound), and within 0.2 of it at 8x16384 (1448 blocks: 2.2 waves of 5 blocks an SM, 2.7 of
+4); a gain there as well is the case for shipping it with the request-major shape in
+FIXED_SHAPES at its own bound."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -54,7 +76,8 @@ from copy_ab import variant
 from read_vs_gather import checked, forced, layout_of, medians, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
-from nvrtc_gather.jit import compiler, sources
+from nvrtc_gather.jit import compiler, runtime, sources
+from nvrtc_gather.jit.spec import Entry
 from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
@@ -72,7 +95,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -86,6 +109,25 @@ def build_dir(extra: str, constants: bool) -> str:
         src = src.replace(field, value)
     (out / "index_k_read.cu").write_text(src)
     return str(out)
+
+
+# "req4" (rows the read launches request-major): the request-major entry built with the fixed
+# layout's constants and bounded at 4 blocks an SM (64 registers, no spill; at 5 it spills:
+# NOTES v32 section 2), launched in place of the general one; the other shapes as "read".
+REQ4 = {key: dataclasses.replace(m, name=f"{m.name}_req4", entries=m.entries + (Entry(
+    m.name + spec.FIXED_TAG + "_req", spec._BODIES["req"].format(vec=key[0], lt=key[1], pt=key[2], fixed="true"), 4),))
+    for key, m in spec.MODULES.items()}
+
+
+def with_req4(layout):
+    """``layout`` (the fixed one) launching REQ4's request-major entry."""
+    lay = rebuilt(layout, REQ4)
+    for vec in spec.VECTOR_WIDTHS:
+        module = REQ4[(vec, *layout.types)]
+        handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
+        lay.launchers[vec, "req"] = handle.launcher(spec.module_name(vec, *layout.types) + spec.FIXED_TAG + "_req", 0,
+                                                    layout.image)
+    return lay
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -136,6 +178,14 @@ def main(workloads):
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
         lays = {"read": layout}
+        if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less)
+            lays["generic"] = layout._replace(fixed=False, launchers={}, calls={})
+            fns["generic"] = lambda lay=lays["generic"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                           w.tokens, max(w.lens))
+            if layout.launch(w.tokens, max(w.lens))[1] == "req":
+                lays["req4"] = with_req4(layout)
+                fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                         w.tokens, max(w.lens))
         for name, modules in BUILDS.items():
             lay = lays[name] = rebuilt(layout, modules)
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
@@ -146,7 +196,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 

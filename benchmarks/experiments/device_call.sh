@@ -16,6 +16,8 @@ for step in ${STEPS:-bench copy req profile}; do  # a step not named below: scri
   case $step in
     rule) REPS=400 python3 benchmarks/experiments/rule_ab.py 8x16384 8x8192 16x4096 4x16384 200x300 32x2048 128x512 2>&1 | tee "$OUT/rule_ab.log" ;;
     code) python3 benchmarks/experiments/code_ab.py 2>&1 | tee "$OUT/code_ab.log" ;;
+    readgpu) python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_index_k_read_gpu.py tests/gpu/test_sglang_triton_gpu.py \
+               tests/gpu/test_index_extremes_gpu.py 2>&1 | tee "$OUT/readgpu.log" | tail -12 ;;
     bench) python3 benchmarks/bench.py "$OUT" --skip-first-calls --tag "${TAG:-unlabelled}" > "$OUT/bench.log" 2>&1; tail -5 "$OUT/bench.log" ;;
     copy) VARIANTS=same,rows6 REPS=300 python3 benchmarks/experiments/copy_ab.py 8x16384 4x32768 4096x64 1024x256 2>&1 | tee "$OUT/copy_ab.log" ;;
     req) TILES=1 TILE_LIST="128,4,5 256,4,4 256,8,3" ORDER=shuffle REPS=300 \

@@ -83,7 +83,7 @@ def raw_launches(layout, buf, lens, pages, n: int) -> dict:
     vec = layout.widths[buf.data_ptr() & 15]
     tpc, shape, grid = layout.launch(n, LENGTH)
     function = runtime.load(index_k_read.spec.MODULES[(vec, *layout.types)], 0).functions[
-        index_k_read.spec.entry_name(vec, *layout.types, shape)]
+        index_k_read.spec.entry_name(vec, *layout.types, shape, layout.fixed)]
     k, s = buf.new_empty(n, 128), buf.new_empty(n, 4)
     params = ctypes.create_string_buffer(layout.image.template, len(layout.image.template))
     layout.image.pack_pointers(params, 0, buf.data_ptr(), k.data_ptr(), s.data_ptr(), lens.data_ptr(),

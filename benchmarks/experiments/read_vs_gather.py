@@ -80,8 +80,11 @@ def rebuilt(layout, modules: dict, on_load=None):
         if on_load is not None:
             on_load(handle)
         for shape in spec.SHAPES:  # a base build from before a shape existed lacks its entry
-            if spec.entry_name(vec, *layout.types, shape) in modules[(vec, *layout.types)].kernels:
-                launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
+            # the layout's entry (fixed: its constant-size build), else (a base build without those) the shape's
+            names = [spec.entry_name(vec, *layout.types, shape, f) for f in (layout.fixed, False)]
+            name = next((n for n in names if n in modules[(vec, *layout.types)].kernels), None)
+            if name is not None:
+                launchers[vec, shape] = handle.launcher(name, 0, layout.image)
     return layout._replace(launchers=launchers, calls={})
 
 

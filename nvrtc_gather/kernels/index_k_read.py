@@ -26,8 +26,23 @@ INDEX_TYPES = ("i32", "i64")  # the C types of int32 / int64 lengths and page id
 # As the indexer gather's (4 or 8 loads in flight per thread; a warp a row), and the request-major
 # tiles (a block per tile of one request: index_k_read_by_request, 4 loads in flight per thread).
 SHAPES = ("", "wide", "tiny", "req")
-_BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}>", "wide": "index_k_read_body<{vec}, 8, {lt}, {pt}>",
-           "tiny": "index_k_read_tiny<{vec}, {lt}, {pt}>", "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}>"}
+_BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}, {fixed}>",
+           "wide": "index_k_read_body<{vec}, 8, {lt}, {pt}, {fixed}>",
+           "tiny": "index_k_read_tiny<{vec}, {lt}, {pt}, {fixed}>",
+           "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}, {fixed}>"}
+# (page_size, index_head_dim, scale words a token): SGLang's default layout. The shapes of
+# FIXED_SHAPES have a second entry (FIXED_TAG in its name) compiled with these as constants
+# (index_k_read.cu ReadSizes), which calls of this layout launch: a quarter to half less code (sm_90),
+# and after the L2 flush (in an engine, the other kernels of a layer) a kernel's code comes from DRAM.
+FIXED_LAYOUT = (64, 128, 1)
+FIXED_TAG = "_p64k128"
+# The shapes with such a build. Not the row-major one: with the sizes as constants ptxas split its
+# skip pass (skip_chunks: 16 length loads, one round trip a pass) into 3-4 round trips (sm_90, NVRTC
+# 13.0 and 13.5; tests/jit/test_sass_order.py), and that entry serves the calls of over 256 requests.
+# Not the request-major one: within its 48 registers (__launch_bounds__, RESIDENT) its constant-size
+# build spills (a local load a tile, before its copy: sm_90, NVRTC 13.0 and 13.5), and it measured
+# 0.4 us slower at 8x16384 (H100). The tiny build spills nothing where the general one does.
+FIXED_SHAPES = ("wide", "tiny")
 BY_REQUEST = ("req",)
 # Blocks of the request-major entry an SM holds at once, guaranteed by its __launch_bounds__ (48
 # registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
@@ -46,16 +61,20 @@ def module_name(vec: int, lengths: str, pages: str) -> str:
     return f"index_k_read_v{vec}_l{lengths[1:]}_p{pages[1:]}"
 
 
-def entry_name(vec: int, lengths: str, pages: str, shape: str = "") -> str:
-    return module_name(vec, lengths, pages) + (f"_{shape}" if shape else "")
+def entry_name(vec: int, lengths: str, pages: str, shape: str = "", fixed: bool = False) -> str:
+    """The entry of a shape (the name's last part); ``fixed`` (a call of FIXED_LAYOUT): its build
+    with the sizes as constants where the shape has one (FIXED_TAG before the shape)."""
+    tag = FIXED_TAG if fixed and shape in FIXED_SHAPES else ""
+    return module_name(vec, lengths, pages) + tag + (f"_{shape}" if shape else "")
 
 
 # One module per vector width and index dtypes: a deployment uses one of each (SGLang: int32).
 MODULES = {(vec, lt, pt): KernelModule(
     name=module_name(vec, lt, pt),
     source="index_k_read.cu",
-    entries=tuple(Entry(entry_name(vec, lt, pt, s), _BODIES[s].format(vec=vec, lt=lt, pt=pt), _BOUNDS.get(s, 0))
-                  for s in SHAPES),
+    entries=tuple(Entry(entry_name(vec, lt, pt, s, fixed),
+                        _BODIES[s].format(vec=vec, lt=lt, pt=pt, fixed="true" if fixed else "false"), _BOUNDS.get(s, 0))
+                  for fixed in (False, True) for s in (FIXED_SHAPES if fixed else SHAPES)),
     params=PARAMS,
     label="get_index_k_scale_buffer",
     threads=THREADS,

@@ -115,24 +115,32 @@ class ReadLayout(NamedTuple):
     max_tokens: int      # max_pages * page_size: the largest max_seq_len
     widths: tuple        # vector width by the low 4 bits of buf's and dst_k's pointers (0: not 4-aligned)
     types: tuple         # (lengths C type, page ids C type): the module
+    fixed: bool          # the layout is spec.FIXED_LAYOUT: its entries with the sizes as constants
     launch: object       # spec.launch_rule of the layout: (rows, max_seq_len) -> (rows per block, shape, blocks)
     image: object        # the struct image with the layout's fields
     launchers: dict      # (vector width, shape) -> launcher (per-call grid), made on first use
     calls: dict          # _call's key -> (launcher, rows per block, blocks)
 
 
+def fixed_layout(plan: ReadPlan) -> bool:
+    """Whether the plan's layout is spec.FIXED_LAYOUT: its calls launch the entries built with the
+    sizes as constants."""
+    return (plan.page_size, plan.head_dim, plan.nq) == spec.FIXED_LAYOUT
+
+
 def _layout(plan: ReadPlan) -> ReadLayout:
     low = plan.page_stride | plan.head_dim
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
     image = spec.PARAMS.image(**plan.fields)
+    launch = spec.launch_rule(plan.head_dim, driver.sm_count(plan.device), plan.batch)
     return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size, widths,
-                      plan.entry_types, spec.launch_rule(plan.head_dim, driver.sm_count(plan.device), plan.batch),
-                      image, {}, {})
+                      plan.entry_types, fixed_layout(plan), launch, image, {}, {})
 
 
 def _launcher(layout: ReadLayout, vec: int, shape: str):
     handle = runtime.load(spec.MODULES[(vec, *layout.types)], layout.device, runtime.current_stream(layout.device))
-    go = layout.launchers[vec, shape] = handle.launcher(spec.entry_name(vec, *layout.types, shape), 0, layout.image)
+    entry = spec.entry_name(vec, *layout.types, shape, layout.fixed)
+    go = layout.launchers[vec, shape] = handle.launcher(entry, 0, layout.image)
     return go
 
 

@@ -47,10 +47,13 @@ def call_fields(plan, kv_p, k_p, s_p, sl_p, pt_p, num_rows, tpc):
                 num_rows=num_rows, tokens_per_cta=tpc)
 
 
-def random_case(rng: random.Random, tiny: bool = False):
+def random_case(rng: random.Random, tiny: bool = False, fixed: bool = False):
+    """A random call; ``fixed``: of spec.FIXED_LAYOUT (the entries built with its sizes as constants)."""
     ps = rng.choice([1, 3, 16, 64])
     hd = rng.choice([128, 128, 64, 32])
     nq = rng.choice([q for q in (1, 2) if hd % (q * 4) == 0])
+    if fixed:
+        ps, hd, nq = spec.FIXED_LAYOUT
     # 256, 257: one chunk of 256 lengths and one request past it; 300, 520, 1300: two to six chunks.
     # The tiny entry scans 32 lengths a step (520 is 17 steps): 1300 there took 95 s under the emulator.
     batch = rng.choice([0, 1, 2, 5, 40, 256, 257, 300, 520, 1300])
@@ -102,7 +105,7 @@ def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape="
             tpc, shape = spec.shape_for(hd, num_rows, 132)
         if shape == "tiny":
             tpc = 8  # a warp a row
-        entry = spec.entry_name(vec, *plan.entry_types, shape)
+        entry = spec.entry_name(vec, *plan.entry_types, shape, op.fixed_layout(plan))
         max_len = engine_max(seq.tolist(), table, ps) if max_len is None else max_len
         emu_launch(dll, spec.PARAMS, entry, blocks(shape, num_rows, tpc, seq.tolist(), max_len),
                    call_fields(plan, buf.data_ptr(), k.data_ptr(), s.data_ptr(), seq.data_ptr(), table.data_ptr(),
@@ -112,9 +115,12 @@ def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape="
 
 @pytest.mark.parametrize("seed", range(24))
 @pytest.mark.parametrize("shape", spec.SHAPES)
-def test_emulated_read_matches_the_reference(emu, seed, shape):
+@pytest.mark.parametrize("fixed", [False, True], ids=["any", "fixed"])
+def test_emulated_read_matches_the_reference(emu, seed, shape, fixed):
+    """Random calls, and calls of spec.FIXED_LAYOUT ("fixed": its constant-size entries, as the host
+    launches them for it), on each shape's entry."""
     rng = random.Random(seed)
-    buf, seq, table, num_rows, ps, hd, nq, lens, pages = random_case(rng, tiny=shape == "tiny")
+    buf, seq, table, num_rows, ps, hd, nq, lens, pages = random_case(rng, tiny=shape == "tiny", fixed=fixed)
     tpc = rng.choice([8, 37, 128, 256]) if shape != "tiny" else 8
     # request-major: a grid for the longest request, one too small (the blocks loop), one too large
     longest = engine_max(lens, table, ps)
@@ -248,7 +254,7 @@ def run_in_arenas(emu, cases, shape: str, debug: bool, tpc_of) -> None:
                              c["tb"].data_ptr(), c["num_rows"], tpc_of(c))
         c["before"] = c["arena"].bytes.clone()
         vec = spec.vector_width(c["buf"].data_ptr() | c["k"].data_ptr() | plan.page_stride | c["hd"])
-        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape),
+        launches.append(Launch(spec.entry_name(vec, *plan.entry_types, shape, op.fixed_layout(plan)),
                                blocks(shape, c["num_rows"], tpc_of(c), c["lens"],
                                       c.get("max_len", engine_max(c["lens"], c["tb"], c["ps"]))),
                                pack(spec.PARAMS, fields, c["err"].data_ptr() if debug else 0),

@@ -595,5 +595,5 @@ def test_the_read_remembers_each_row_count_and_launches_what_the_full_checks_do(
         shapes.add(shape)
         (name, grid, block, fields), = warm[1]
         assert (name, grid, fields["tokens_per_cta"], fields["num_rows"]) == (
-            index_k_read.spec.entry_name(4 if i % 97 == 1 else 16, "i32", "i32", shape), blocks, tpc, n)
+            index_k_read.spec.entry_name(4 if i % 97 == 1 else 16, "i32", "i32", shape, fixed=True), blocks, tpc, n)
     assert shapes == (set(index_k_read.spec.SHAPES) if batch == 3 else {"tiny", "", "wide"}), shapes

@@ -142,8 +142,9 @@ def test_a_writes_slot_and_its_bytes_share_one_round_trip(sass, module, entry):
 # 4-byte entries ptxas interleaves the pass's loads with their sums (6 loads a round trip, sm_90).
 SKIP_ENTRIES = [(m, e) for m, e in READ_ENTRIES
                 if e.startswith("index_k_read_v16") and not e.endswith(("_tiny", "_req"))]
-# The entry SGLang 0.5.23's read reaches (int64 lengths, int32 page table): one round trip with every
-# NVRTC measured. NVRTC 13.0's ptxas splits the other entries' passes (12, 14, 5 or 2 of the 16
+# The row-major entry SGLang 0.5.23's read reaches (int64 lengths, int32 page table; every layout:
+# that shape has no constant-size build, kernels/index_k_read.py FIXED_SHAPES): one round trip with
+# every NVRTC measured. NVRTC 13.0's ptxas splits the other entries' passes (12, 14, 5 or 2 of the 16
 # loads before the first use; NOTES.md v22); 13.5's keeps all 16 together in every 16-byte entry.
 SGLANG_ENTRIES = ("index_k_read_v16_l64_p32",)
 
@@ -162,6 +163,37 @@ def test_the_reads_skip_pass_loads_its_lengths_in_one_round_trip(sass, module, e
     first = [i for i in loads if i < bfly][-16]
     assert all(code[i][0] == "LDG.E.CONSTANT" for i in loads if first <= i < bfly), entry  # 32-bit words
     assert loads_before_first_wait(code, loads.index(first)) >= 15, entry
+
+
+def spills(code: list[tuple[str, str]]) -> list[str]:
+    """The entry's local-memory stores and loads: the read keeps nothing in local memory, so each
+    is a register spilled and refilled."""
+    return [f"{op} {args}" for op, args in code if op.startswith(("STL", "LDL"))]
+
+
+CONSTANT_SIZE_ENTRIES = [(m, e) for m, e in READ_ENTRIES if index_k_read.FIXED_TAG in e]
+
+
+@pytest.mark.parametrize("module, entry", CONSTANT_SIZE_ENTRIES, ids=[e for _, e in CONSTANT_SIZE_ENTRIES])
+def test_the_reads_constant_size_entries_spill_nothing(sass, module, entry):
+    """A constant-size build (kernels/index_k_read.py FIXED_SHAPES) is there to run less code; the
+    request-major one spilled (a local load a tile, before its copy) and measured slower, and is left out."""
+    assert spills(sass(module)[entry]) == [], entry
+
+
+def test_the_request_major_constant_size_build_spills(sass):
+    """The entry FIXED_SHAPES leaves out, built as the others: the check sees its spills (it is not
+    a check that passes on any code). Should a ptxas stop spilling it, measure it
+    (benchmarks/experiments/code_ab.py) before it joins FIXED_SHAPES."""
+    assert "req" not in index_k_read.FIXED_SHAPES
+    module = index_k_read.MODULES[16, "i64", "i32"]
+    (req,) = [e for e in module.entries if e.name.endswith("_req")]
+    assert req.body.endswith(", false>")
+    const = dataclasses.replace(req, name=req.name + "_constant_sizes", body=req.body.replace(", false>", ", true>"))
+    code = sass(dataclasses.replace(module, name=module.name + "_req_constant_sizes", entries=(const,)))
+    assert spills(code[const.name]), const.name
+
+
 def test_vllms_form_loads_a_rows_block_id_beside_the_lengths(sass):
     """vLLM's DeepSeek-V4 form without gather_lens (its compressed-cache call): a row's position is
     its index, so its block id is loaded before anything waits for the request's length (its
