@@ -59,7 +59,15 @@ constant-size request-major entry at 4 blocks an SM, where at 5 it spilled: NOTE
 Prediction: req4 0.1-0.3 faster than generic at 2x16384 and 16x2048 (grids under one wave of
 either bound), and within 0.2 of it at 8x16384 (1448 blocks: 2.2 waves of 5 blocks an SM, 2.7 of
 4); a gain there as well is the case for shipping it with the request-major shape in
-FIXED_SHAPES at its own bound."""
+FIXED_SHAPES at its own bound. Result (H100, 300 runs, medians us; read / generic / req4 / SGLang,
+then warm): 2x16384 10.21/10.21/10.06/9.98, warm 9.92/9.92/9.79/9.95; 8x16384 20.32/20.35/20.32/
+20.13, warm 20.19/20.16/20.10/20.06; 16x2048 9.34/9.38/9.18/9.15, warm 9.25/9.22/9.02/9.22;
+64x2048 17.23/17.28 (warm 17.33/17.12); 1x131072 16.86/17.09; 1024x256 31.07/31.10 (A/A);
+1x1000 5.76/6.02; 8x100 5.70/5.92. The prediction held on every row (read against generic: the
+tiny rows 0.22-0.26 faster, the wide ones 0.05 and 0.23, the request-major and row-major rows
+within 0.04), and so the tiny and wide builds landed; req4 0.15 and 0.20 faster at 2x16384 and
+16x2048, 0.03 at 8x16384 (also warm): kept as experiments/req4_constant_request_major.patch
+until its GPU tests run (NOTES v33)."""
 import dataclasses
 import os
 import subprocess
