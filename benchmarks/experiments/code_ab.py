@@ -121,9 +121,12 @@ def build_dir(extra: str, constants: bool) -> str:
 
 # "req4" (rows the read launches request-major): the request-major entry built with the fixed
 # layout's constants and bounded at 4 blocks an SM (64 registers, no spill; at 5 it spills:
-# NOTES v32 section 2), launched in place of the general one; the other shapes as "read".
-REQ4 = {key: dataclasses.replace(m, name=f"{m.name}_req4", entries=m.entries + (Entry(
-    m.name + spec.FIXED_TAG + "_req", spec._BODIES["req"].format(vec=key[0], lt=key[1], pt=key[2], fixed="true"), 4),))
+# NOTES v32 section 2), launched in place of the general one; the other shapes as "read". With
+# experiments/req4_constant_request_major.patch applied the package has that entry itself: then
+# REQ4 is the package's modules and req4 an A/A pair with read.
+REQ4 = spec.MODULES if "req" in spec.FIXED_SHAPES else {
+    key: dataclasses.replace(m, name=f"{m.name}_req4", entries=m.entries + (Entry(
+        m.name + spec.FIXED_TAG + "_req", spec._BODIES["req"].format(vec=key[0], lt=key[1], pt=key[2], fixed="true"), 4),))
     for key, m in spec.MODULES.items()}
 
 
