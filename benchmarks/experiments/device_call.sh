@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (the carried wheels installed: scripts/carried_wheels.sh): the steps named in STEPS, in
 # order, logs in $OUT. rule, copy, req, profile, code: the A/B scripts and the Nsight call of NOTES v29-v30;
-# bench: the record's run; truth: scripts/gpu_check.sh's GPU tests beside its memcheck and
+# readgpu: the index-K read's GPU test files alone; bench: the record's run; truth: scripts/gpu_check.sh's GPU tests beside its memcheck and
 # racecheck stages; any other step: scripts/gpu_check.sh's stage of that name.
 #   STEPS="bench cli truth" [TAG=v30] [TRUTH_S=420] bash benchmarks/experiments/device_call.sh
 set -uo pipefail
