@@ -170,16 +170,19 @@ __device__ __forceinline__ int valid_page(i64 page, int num_pages) {
     return page >= 0 && page < num_pages ? (int)page : -1;
 }
 
-// The layout fields a body reads: the call's, or with FIXED SGLang's default layout as
-// compile-time constants (page_size 64, index_head_dim 128, one fp32 scale a token; the host
-// launches those entries for that layout only: kernels/index_k_read.py FIXED_LAYOUT). With
-// constants ptxas folds the page and vector divisions and the scale-word loops, and the entry's
-// code is a quarter to half smaller (sm_90): after the L2 flush a kernel's code comes from DRAM too.
+// The layout fields a body reads: the call's, or with FIXED the spec's fixed layout as
+// compile-time constants (kernels/index_k_read.py FIXED_LAYOUT, SGLang's default; the host
+// launches those entries for that layout only). With constants ptxas folds the page and vector
+// divisions and the scale-word loops, and the entry's code is a quarter to half smaller (sm_90):
+// after the L2 flush a kernel's code comes from DRAM too.
+#if !defined(NG_FIXED_PAGE_SIZE) || !defined(NG_FIXED_HEAD_DIM) || !defined(NG_FIXED_SCALE_WORDS)
+#error "NG_FIXED_PAGE_SIZE, NG_FIXED_HEAD_DIM and NG_FIXED_SCALE_WORDS are set by the spec (kernels/index_k_read.py)"
+#endif
 template <bool FIXED> struct ReadSizes {
     int page_size, head_dim, scale_words;
     __device__ __forceinline__ explicit ReadSizes(const IndexKReadParams& p)
-        : page_size(FIXED ? 64 : p.page_size), head_dim(FIXED ? 128 : p.head_dim),
-          scale_words(FIXED ? 1 : p.scale_words) {}
+        : page_size(FIXED ? NG_FIXED_PAGE_SIZE : p.page_size), head_dim(FIXED ? NG_FIXED_HEAD_DIM : p.head_dim),
+          scale_words(FIXED ? NG_FIXED_SCALE_WORDS : p.scale_words) {}
 };
 
 template <int KVEC, int UNROLL, typename LT, typename PT, bool FIXED>

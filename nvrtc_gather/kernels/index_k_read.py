@@ -36,6 +36,9 @@ _BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}, {fixed}>",
 # and after the L2 flush (in an engine, the other kernels of a layer) a kernel's code comes from DRAM.
 FIXED_LAYOUT = (64, 128, 1)
 FIXED_TAG = "_p64k128"
+# the source's constants of it (ReadSizes)
+_OPTIONS = tuple(f"-DNG_FIXED_{name}={value}"
+                 for name, value in zip(("PAGE_SIZE", "HEAD_DIM", "SCALE_WORDS"), FIXED_LAYOUT))
 # The shapes with such a build. Not the row-major one: with the sizes as constants ptxas split its
 # skip pass (skip_chunks: 16 length loads, one round trip a pass) into 3-4 round trips (sm_90, NVRTC
 # 13.0 and 13.5; tests/jit/test_sass_order.py), and that entry serves the calls of over 256 requests.
@@ -77,6 +80,7 @@ MODULES = {(vec, lt, pt): KernelModule(
                   for fixed in (False, True) for s in (FIXED_SHAPES if fixed else SHAPES)),
     params=PARAMS,
     label="get_index_k_scale_buffer",
+    options=_OPTIONS,
     threads=THREADS,
 ) for vec in gather.VECTOR_WIDTHS for lt in INDEX_TYPES for pt in INDEX_TYPES}
 register(*MODULES.values())
