@@ -1,0 +1,70 @@
+"""Does SGLang's write (SetKAndS through nvrtc_gather.integrations.sglang) gain from its layout as
+constants? The scatter's entries built with SGLang's default layout (block 64, head_dim 128, one
+scale word: kernels/index_k_read.py FIXED_LAYOUT) as constants are 3.5-3.7 KB of sm_90 code, the
+general ones 4.9-5.8 KB (NVRTC 13.5; 40 -> 30 registers, the int64-slot entry). The write of 8x100
+measured 0.1-0.2 us behind SGLang 0.5.23's Triton write (NOTES v33). Arms, each through the hook's
+entry as SGLang calls it, int64 loc: "write" (as shipped: the fixed entry), "generic" (the same
+layout launching its general entry), SGLang's Triton write, and a copy of the same bytes; each
+checked byte for byte against SGLang's first. REPS shuffled runs (L2 flushed, CUDA events),
+medians and 25th-75th percentiles.
+
+    [REPS=300] python3 benchmarks/experiments/write_ab.py [BxM ...]
+
+Prediction (written before the first run): write 0.05-0.2 us faster than generic on the small rows
+(1x1000, 8x100, 16x100), within 0.1 on the large ones (the stores' bytes dominate)."""
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+import torch
+
+import engine_entries as ee
+from read_vs_gather import medians
+from timing import check_same, copy_fn, flush_buffer, time_samples
+from nvrtc_gather.integrations import sglang as hook
+from nvrtc_gather.kernels import indexer_k_scatter as spec
+from nvrtc_gather.ops import indexer_k_scatter as op
+
+REPS = int(os.environ.get("REPS", 300))
+WORKLOADS = [(1, 1000), (8, 100), (16, 100), (16, 2048), (1024, 256)]
+
+
+def generic(layout):
+    """``layout`` (the fixed one) launching its general entries."""
+    assert all(spec.FIXED_TAG in launch.entry for launch in layout.launches.values()), "not the fixed layout"
+    return layout._replace(launches={vec: launch._replace(entry=launch.entry.replace(spec.FIXED_TAG, ""))
+                                     for vec, launch in layout.launches.items()}, launchers={})
+
+
+def main(workloads):
+    flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
+    print(torch.cuda.get_device_name(), torch.__version__, "SGLang:", "yes" if acc else "no", flush=True)
+    for batch, mean in workloads:
+        w = ee.Workload(batch, mean)
+        bufs = {name: w.buf.clone() for name in ("write", "generic", "sglang")}
+        fns = {"write": lambda: hook.set_index_k_scale_buffer(bufs["write"], w.loc, w.k, w.scale)}
+        fns["write"]()
+        layout = hook._set_layouts.last[2]
+        lay = generic(layout)
+        ptrs = (w.k.data_ptr(), w.scale.data_ptr(), w.loc.data_ptr(), bufs["generic"].data_ptr())
+        fns["generic"] = lambda: op._run(lay, *ptrs)
+        fns["generic"]()
+        if acc:
+            fns["sglang"] = lambda: acc.SetKAndS.triton(p, bufs["sglang"], w.loc, w.k, w.scale)
+        else:
+            hook.set_index_k_scale_buffer(bufs["sglang"], w.loc, w.k, w.scale)
+        fns.get("sglang", lambda: None)()
+        for name in ("write", "generic"):
+            check_same(name, bufs[name], bufs["sglang"], w.name)
+        fns["copy"] = copy_fn(w.moved)
+        got = time_samples(fns, flush, REPS, order="shuffle")
+        vec = max(layout.launches)
+        print(f"{w.name} (entries {layout.launches[vec].entry} / {lay.launches[vec].entry}): " + medians(got), flush=True)
+        w = fns = bufs = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main([tuple(int(x) for x in a.split("x")) for a in sys.argv[1:]] or WORKLOADS)
