@@ -10,6 +10,9 @@ medians and 25th-75th percentiles.
 
     [REPS=300] python3 benchmarks/experiments/write_ab.py [BxM ...]
 
+Needs the scatter's fixed entries: experiments/fixed_layout_write_and_req4.patch applied (until it
+lands); without them it stops at the first row ("not the fixed layout").
+
 Prediction (written before the first run): write 0.05-0.2 us faster than generic on the small rows
 (1x1000, 8x100, 16x100), within 0.1 on the large ones (the stores' bytes dominate)."""
 import os
