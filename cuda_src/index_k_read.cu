@@ -28,6 +28,7 @@
 // Index values are untrusted: a length that is negative or past INT32_MAX counts as 0 (and is
 // reported in debug mode), a page id outside [0, num_pages) or a column past max_pages leaves
 // the row zero; no value leads outside the cache or the page table.
+#include "fixed_layout.cuh"
 #include "index_k_read_params.cuh"
 #include "tile_copy.cuh"
 
@@ -170,19 +171,11 @@ __device__ __forceinline__ int valid_page(i64 page, int num_pages) {
     return page >= 0 && page < num_pages ? (int)page : -1;
 }
 
-// The layout fields a body reads: the call's, or with FIXED the spec's fixed layout as
-// compile-time constants (kernels/index_k_read.py FIXED_LAYOUT, SGLang's default; the host
-// launches those entries for that layout only). With constants ptxas folds the page and vector
-// divisions and the scale-word loops, and the entry's code is a quarter to half smaller (sm_90):
-// after the L2 flush a kernel's code comes from DRAM too.
-#if !defined(NG_FIXED_PAGE_SIZE) || !defined(NG_FIXED_HEAD_DIM) || !defined(NG_FIXED_SCALE_WORDS)
-#error "NG_FIXED_PAGE_SIZE, NG_FIXED_HEAD_DIM and NG_FIXED_SCALE_WORDS are set by the spec (kernels/index_k_read.py)"
-#endif
-template <bool FIXED> struct ReadSizes {
-    int page_size, head_dim, scale_words;
+// The layout fields a body reads: the call's, or with FIXED the spec's fixed layout
+// (fixed_layout.cuh; the host launches those entries for that layout only).
+template <bool FIXED> struct ReadSizes : LayoutSizes<FIXED> {
     __device__ __forceinline__ explicit ReadSizes(const IndexKReadParams& p)
-        : page_size(FIXED ? NG_FIXED_PAGE_SIZE : p.page_size), head_dim(FIXED ? NG_FIXED_HEAD_DIM : p.head_dim),
-          scale_words(FIXED ? NG_FIXED_SCALE_WORDS : p.scale_words) {}
+        : LayoutSizes<FIXED>(p.page_size, p.head_dim, p.scale_words) {}
 };
 
 template <int KVEC, int UNROLL, typename LT, typename PT, bool FIXED>

@@ -7,22 +7,25 @@
 // Work split: one thread per unit, a unit being one VEC-byte vector of a token's values or one
 // of its 4-byte scale words (values first, then scales), so neighbouring threads store
 // neighbouring bytes of one cache row. Slots are int64 (vLLM) or int32 (SGLang), by entry point. A grid-stride loop covers any number of units (64-bit).
+// FIXED: the entries of the spec's fixed layout, its sizes as constants (fixed_layout.cuh).
+#include "fixed_layout.cuh"
 #include "scatter_params.cuh"
 #include "slot_split.cuh"
 
-template <int VEC, typename ST>
+template <int VEC, typename ST, bool FIXED>
 __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
     typedef typename Vec<VEC>::T V;
-    const int vpt = p.head_dim / VEC;  // vectors per token; the host guarantees head_dim % VEC == 0
+    const LayoutSizes<FIXED> sz(p.block_size, p.head_dim, p.scale_words);
+    const int vpt = sz.head_dim / VEC;  // vectors per token; the host guarantees head_dim % VEC == 0
     const i64 nvec = (i64)p.num_tokens * vpt;
-    const i64 units = nvec + (i64)p.num_tokens * p.scale_words;
-    const FastDiv block_size(p.block_size), by_vpt(vpt), by_words(p.scale_words);
+    const i64 units = nvec + (i64)p.num_tokens * sz.scale_words;
+    const FastDiv block_size(sz.page_size), by_vpt(vpt), by_words(sz.scale_words);
     // A unit's token by a shift where both counts per token are powers of two and units fit 31 bits
     const bool shifts = units <= 0x7fffffff && by_vpt.shift >= 0 && by_words.shift >= 0;
     for (i64 u = (i64)blockIdx.x * NG_THREADS + threadIdx.x; u < units; u += (i64)gridDim.x * NG_THREADS) {
         const bool is_value = u < nvec;
         const i64 w = is_value ? u : u - nvec;
-        const int per = is_value ? vpt : p.scale_words;
+        const int per = is_value ? vpt : sz.scale_words;
         const int t = shifts ? (int)w >> (is_value ? by_vpt.shift : by_words.shift) : (int)(w / per);  // < num_tokens
         const int c = (int)(w - (i64)t * per);
         // The slot and this unit's bytes, both loaded before either is looked at: one DRAM round
@@ -47,9 +50,9 @@ __device__ __forceinline__ void scatter_body(const ScatterParams& p) {
         ng_split_slot(s, block_size, blk, off);
         u8* base = p.kv_cache + blk * p.block_stride;
         if (is_value) {
-            *(reinterpret_cast<V*>(base + (i64)off * p.head_dim) + c) = v;
+            *(reinterpret_cast<V*>(base + (i64)off * sz.head_dim) + c) = v;
         } else {
-            *(reinterpret_cast<u32*>(base + (i64)p.block_size * p.head_dim + (i64)off * p.scale_words * 4) + c) = x;
+            *(reinterpret_cast<u32*>(base + (i64)sz.page_size * sz.head_dim + (i64)off * sz.scale_words * 4) + c) = x;
         }
     }
 }

@@ -66,8 +66,10 @@ then warm): 2x16384 10.21/10.21/10.06/9.98, warm 9.92/9.92/9.79/9.95; 8x16384 20
 1x1000 5.76/6.02; 8x100 5.70/5.92. The prediction held on every row (read against generic: the
 tiny rows 0.22-0.26 faster, the wide ones 0.05 and 0.23, the request-major and row-major rows
 within 0.04), and so the tiny and wide builds landed; req4 0.15 and 0.20 faster at 2x16384 and
-16x2048, 0.03 at 8x16384 (also warm): kept as a patch (now part of
-experiments/fixed_layout_write_and_req4.patch) until its GPU tests run (NOTES v33)."""
+16x2048, 0.03 at 8x16384 (also warm): kept as a patch until its GPU tests ran. Run 5 (H100, the
+package with req4 as its request-major constant-size entry; read = req4 as an A/A pair): read
+against generic 0.13/0.09/0.19 faster at 2x16384/8x16384/16x2048 (warm 0.18/0.12/0.29), SGLang
+0.03/0.20/0.00 ahead of read; the whole GPU suite passed with it, and it landed (NOTES v35)."""
 import dataclasses
 import os
 import subprocess
@@ -121,9 +123,9 @@ def build_dir(extra: str, constants: bool) -> str:
 
 # "req4" (rows the read launches request-major): the request-major entry built with the fixed
 # layout's constants and bounded at 4 blocks an SM (64 registers, no spill; at 5 it spills:
-# NOTES v32 section 2), launched in place of the general one; the other shapes as "read". With
-# experiments/fixed_layout_write_and_req4.patch applied the package has that entry itself: then
-# REQ4 is the package's modules and req4 an A/A pair with read.
+# NOTES v32 section 2), launched in place of the general one; the other shapes as "read". Where
+# the package has that entry itself (since NOTES v35) REQ4 is the package's modules and req4 an
+# A/A pair with read.
 REQ4 = spec.MODULES if "req" in spec.FIXED_SHAPES else {
     key: dataclasses.replace(m, name=f"{m.name}_req4", entries=m.entries + (Entry(
         m.name + spec.FIXED_TAG + "_req", spec._BODIES["req"].format(vec=key[0], lt=key[1], pt=key[2], fixed="true"), 4),))

@@ -32,20 +32,28 @@ _BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}, {fixed}>",
            "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}, {fixed}>"}
 # (page_size, index_head_dim, scale words a token): SGLang's default layout. The shapes of
 # FIXED_SHAPES have a second entry (FIXED_TAG in its name) compiled with these as constants
-# (index_k_read.cu ReadSizes), which calls of this layout launch: a quarter to half less code (sm_90),
-# and after the L2 flush (in an engine, the other kernels of a layer) a kernel's code comes from DRAM.
+# (fixed_layout.cuh), which calls of this layout launch: a quarter to half less code (sm_90), and
+# after the L2 flush (in an engine, the other kernels of a layer) a kernel's code comes from DRAM.
+# The write (indexer_k_scatter.py) builds its entries of this layout from the same constants.
 FIXED_LAYOUT = (64, 128, 1)
 FIXED_TAG = "_p64k128"
-# the source's constants of it (ReadSizes)
-_OPTIONS = tuple(f"-DNG_FIXED_{name}={value}"
+# the source's constants of it (fixed_layout.cuh)
+FIXED_OPTIONS = tuple(f"-DNG_FIXED_{name}={value}"
                  for name, value in zip(("PAGE_SIZE", "HEAD_DIM", "SCALE_WORDS"), FIXED_LAYOUT))
+
+
+def is_fixed_layout(page_size: int, head_dim: int, scale_words: int) -> bool:
+    """Whether a call's layout (page or block size, head_dim, scale words a token) is FIXED_LAYOUT:
+    the read and the write then launch their entries built with it as constants."""
+    return (page_size, head_dim, scale_words) == FIXED_LAYOUT
+
 # The shapes with such a build. Not the row-major one: with the sizes as constants ptxas split its
 # skip pass (skip_chunks: 16 length loads, one round trip a pass) into 3-4 round trips (sm_90, NVRTC
 # 13.0 and 13.5; tests/jit/test_sass_order.py), and that entry serves the calls of over 256 requests.
-# Not the request-major one: within its 48 registers (__launch_bounds__, RESIDENT) its constant-size
-# build spills (a local load a tile, before its copy: sm_90, NVRTC 13.0 and 13.5), and it measured
-# 0.4 us slower at 8x16384 (H100). The tiny build spills nothing where the general one does.
-FIXED_SHAPES = ("wide", "tiny")
+# The request-major build needs 58-64 registers where the general one needs 48: it is bounded at
+# FIXED_RESIDENT blocks an SM, not RESIDENT (within 48 it spilled, a local load a tile before its
+# copy, and measured 0.4 us slower at 8x16384). The tiny build spills nothing where the general one does.
+FIXED_SHAPES = ("wide", "tiny", "req")
 BY_REQUEST = ("req",)
 # Blocks of the request-major entry an SM holds at once, guaranteed by its __launch_bounds__ (48
 # registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
@@ -57,7 +65,13 @@ RESIDENT = 5
 # measured 0.5-0.7 us faster at 1x131072, 64x2048 and 4x32768 (H100, A/A within 0.1 us). The
 # gather's wide entry measured 1.2-1.5 us slower bounded so, and stays free.
 WIDE_RESIDENT = gather.CTAS_PER_SM // 2
+# The request-major constant-size entry's block count: its 64 registers a thread allow 4 blocks
+# (sm_90, NVRTC 13.0 and 13.5: no spill). Measured against the general entry at RESIDENT (H100,
+# 300 runs): 0.15 us faster at 2x16384, 0.20 at 16x2048, 0.03 at 8x16384 (1448 blocks: 2.7
+# waves of 4 blocks an SM against 2.2 of 5).
+FIXED_RESIDENT = 4
 _BOUNDS = {"req": RESIDENT, "wide": WIDE_RESIDENT}  # shape -> its entry's blocks an SM
+_FIXED_BOUNDS = {**_BOUNDS, "req": FIXED_RESIDENT}  # the same, of the constant-size entries
 
 
 def module_name(vec: int, lengths: str, pages: str) -> str:
@@ -76,11 +90,12 @@ MODULES = {(vec, lt, pt): KernelModule(
     name=module_name(vec, lt, pt),
     source="index_k_read.cu",
     entries=tuple(Entry(entry_name(vec, lt, pt, s, fixed),
-                        _BODIES[s].format(vec=vec, lt=lt, pt=pt, fixed="true" if fixed else "false"), _BOUNDS.get(s, 0))
+                        _BODIES[s].format(vec=vec, lt=lt, pt=pt, fixed="true" if fixed else "false"),
+                        (_FIXED_BOUNDS if fixed else _BOUNDS).get(s, 0))
                   for fixed in (False, True) for s in (FIXED_SHAPES if fixed else SHAPES)),
     params=PARAMS,
     label="get_index_k_scale_buffer",
-    options=_OPTIONS,
+    options=FIXED_OPTIONS,
     threads=THREADS,
 ) for vec in gather.VECTOR_WIDTHS for lt in INDEX_TYPES for pt in INDEX_TYPES}
 register(*MODULES.values())

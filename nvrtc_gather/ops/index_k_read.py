@@ -125,7 +125,7 @@ class ReadLayout(NamedTuple):
 def fixed_layout(plan: ReadPlan) -> bool:
     """Whether the plan's layout is spec.FIXED_LAYOUT: its calls launch the entries built with the
     sizes as constants."""
-    return (plan.page_size, plan.head_dim, plan.nq) == spec.FIXED_LAYOUT
+    return spec.is_fixed_layout(plan.page_size, plan.head_dim, plan.nq)
 
 
 def _layout(plan: ReadPlan) -> ReadLayout:

@@ -162,8 +162,9 @@ def launch_config(p: ScatterPlan, vec: int | None = None) -> LaunchConfig:
     """The launch of a validated call with num_tokens > 0, at the width its pointers allow (or
     at ``vec``)."""
     vec = vec or spec.vector_width(p.k_ptr | p.kv_ptr | _low_bits(p))
-    return LaunchConfig(spec.entry_name(vec, p.slot_type), spec.grid(vec, p.num_tokens, p.head_dim, p.scale_words),
-                        struct_fields(p))
+    fixed = spec.is_fixed_layout(p.block_size, p.head_dim, p.scale_words)
+    return LaunchConfig(spec.entry_name(vec, p.slot_type, fixed),
+                        spec.grid(vec, p.num_tokens, p.head_dim, p.scale_words), struct_fields(p))
 
 
 def _layout(p: ScatterPlan) -> ScatterLayout:

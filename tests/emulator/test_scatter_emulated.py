@@ -51,6 +51,23 @@ def test_emulated_kernel_matches_the_reference(emu, k_off, kv_off, hd, vec, seed
         assert torch.equal(c.store, want), f"{int((c.store != want).sum())} bytes differ: {c.desc}"
 
 
+@pytest.mark.parametrize("k_off,kv_off,vec", [(0, 0, 16), (8, 0, 8), (0, 4, 4)])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_emulated_fixed_layout_entries_match_the_reference(emu, k_off, kv_off, vec, slot_dtype):
+    """Calls of SGLang's default layout (spec.FIXED_LAYOUT: block 64, head_dim 128, one scale)
+    launch the entries built with those sizes as constants, in every width and slot dtype."""
+    bs, hd, nq = spec.FIXED_LAYOUT
+    for seed in range(4):
+        rng = random.Random(seed * 100 + vec)
+        c = make_scatter_case(rng, head_dim=hd, nq=nq, block_size=bs, num_blocks=4, num_tokens=rng.randint(1, 200),
+                              k_offset=k_off, kv_offset=kv_off, slot_dtype=slot_dtype)
+        want = scatter_reference(c)
+        entry = op.launch_config(op.plan_scatter(*c.args())).entry
+        assert spec.FIXED_TAG in entry and int(re.search(r"_v(\d+)", entry).group(1)) == vec, (entry, c.desc)
+        run(emu, c)
+        assert torch.equal(c.store, want), f"{int((c.store != want).sum())} bytes differ: {c.desc}"
+
+
 @pytest.mark.parametrize("grid", [1, 3])
 def test_grids_smaller_than_the_work_cover_it(emu, grid):
     c = make_scatter_case(random.Random(grid), head_dim=128, nq=1, block_size=64, num_blocks=4, num_tokens=200,
@@ -74,16 +91,20 @@ def test_debug_mode_reports_a_slot_past_the_cache(emu):
 
 # --- index fuzz -------------------------------------------------------------------------------
 
-KINDS = ("mixed", "extreme", "random", "alias", "alias_pow2")
+# "fixed", "fixed_alias": SGLang's default layout (spec.FIXED_LAYOUT), whose calls run the entries
+# built with its sizes as constants; the alias kinds: valid slots far past 2^31 (block stride 0)
+KINDS = ("mixed", "extreme", "random", "alias", "alias_pow2", "fixed", "fixed_alias")
 
 
 def fuzz_case(seed: str, kind: str, vec: int):
     """One call in an arena with guard bytes: k, k_scale, slot_mapping, kv_cache, err."""
     rng = random.Random(seed)
-    hd = {16: 128, 8: 64, 4: 12}[vec]
-    nq = rng.choice([q for q in (1, 2, 4) if hd % q == 0])
-    alias = kind.startswith("alias")
-    bs = {"alias": rng.choice([3, 5]), "alias_pow2": 16}.get(kind) or rng.choice([1, 3, 4, 16])
+    fixed = kind.startswith("fixed")
+    hd = spec.FIXED_LAYOUT[1] if fixed else {16: 128, 8: 64, 4: 12}[vec]
+    nq = spec.FIXED_LAYOUT[2] if fixed else rng.choice([q for q in (1, 2, 4) if hd % q == 0])
+    alias = "alias" in kind
+    bs = spec.FIXED_LAYOUT[0] if fixed else \
+        {"alias": rng.choice([3, 5]), "alias_pow2": 16}.get(kind) or rng.choice([1, 3, 4, 16])
     nb = 1 if alias else rng.randint(1, 5)
     num_slots = (1 << 40) if alias else nb * bs
     T = rng.randint(1, 24)
@@ -120,13 +141,13 @@ def fuzz_case(seed: str, kind: str, vec: int):
     desc = (f"[scatter v{vec} seed={seed!r} kind={kind}] head_dim={hd} nq={nq} block_size={bs} num_blocks={nb} "
             f"num_slots={num_slots} slot_mapping={slots}")
     return dict(arena=a, k=k, k_scale=k_scale, kv=kv, sm=sm, err=err, slots=slots, bs=bs, hd=hd, nq=nq,
-                num_slots=num_slots, alias=alias, block_stride=block_stride, desc=desc)
+                num_slots=num_slots, alias=alias, fixed=fixed, block_stride=block_stride, desc=desc)
 
 
 def fuzz_launch(c, vec, debug):
     plan = op.plan_scatter(c["k"], c["k_scale"], c["kv"], c["sm"])
     entry, grid, fields = op.launch_config(plan)
-    assert entry == spec.entry_name(vec), c["desc"]
+    assert entry == spec.entry_name(vec, "i64", c["fixed"]), c["desc"]
     if c["alias"]:
         fields = dict(fields, block_stride=0, num_slots=c["num_slots"])
     T = len(c["slots"])

@@ -33,6 +33,25 @@ def test_gpu_kernel_matches_the_reference(k_off, kv_off, hd, vec, seed):
     assert torch.equal(c.store.cpu(), want), c.desc
 
 
+@pytest.mark.parametrize("k_off,kv_off,vec", [(0, 0, 16), (8, 0, 8), (0, 4, 4)])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_gpu_fixed_layout_entries_match_the_reference(k_off, kv_off, vec, slot_dtype):
+    """SGLang's default layout (spec.FIXED_LAYOUT) launches the entries built with its sizes as
+    constants, in every width and slot dtype: bit-exact, first call and remembered layout."""
+    bs, hd, nq = spec.FIXED_LAYOUT
+    for seed in range(3):
+        rng = random.Random(seed * 100 + vec)
+        c = make_scatter_case(rng, device="cuda", head_dim=hd, nq=nq, block_size=bs, num_blocks=6,
+                              num_tokens=rng.randint(1, 300), k_offset=k_off, kv_offset=kv_off, slot_dtype=slot_dtype)
+        want = scatter_reference(c).cpu()
+        entry = op.launch_config(op.plan_scatter(*c.args())).entry
+        assert spec.FIXED_TAG in entry and int(re.search(r"_v(\d+)", entry).group(1)) == vec, (entry, c.desc)
+        ng.indexer_k_scatter(*c.args())
+        ng.indexer_k_scatter(*c.args())
+        torch.cuda.synchronize()
+        assert torch.equal(c.store.cpu(), want), c.desc
+
+
 def test_sglang_shapes_many_tokens_past_the_grid_cap():
     """2M tokens of SGLang's shapes (fp8 [T, 128], fp32 [T]): more units than MAX_BLOCKS * THREADS."""
     T, bs = 2_000_000, 64

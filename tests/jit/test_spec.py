@@ -153,7 +153,8 @@ def test_entry_points_are_generated_from_the_spec_not_chosen_in_the_source():
 def test_an_entrys_block_count_bound_is_its_launch_bounds():
     """Entry.min_blocks is __launch_bounds__' second argument (ptxas keeps the registers to fit that
     many blocks an SM), and only the index-K read's entries that were measured with one have it:
-    the request-major entry's, index_k_read.RESIDENT (the 48 registers ptxas chose for it); the
+    the request-major entry's, index_k_read.RESIDENT (the 48 registers ptxas chose for it), and its
+    constant-size build's, index_k_read.FIXED_RESIDENT (its 64 registers); the
     wide entry's, index_k_read.WIDE_RESIDENT, one wave of the largest wide grid (the gather's own
     wide entry measured slower bounded)."""
     bounded = set()
@@ -165,7 +166,11 @@ def test_an_entrys_block_count_bound_is_its_launch_bounds():
             assert bound in text, e.name
             if e.min_blocks:
                 bounded.add((e.name.rsplit("_", 1)[-1], e.min_blocks))
-    assert bounded == {("req", index_k_read.RESIDENT), ("wide", index_k_read.WIDE_RESIDENT)}
+    assert bounded == {("req", index_k_read.RESIDENT), ("wide", index_k_read.WIDE_RESIDENT),
+                       ("req", index_k_read.FIXED_RESIDENT)}
+    for m in index_k_read.MODULES.values():  # the request-major constant-size entry: its own bound
+        assert {e.min_blocks for e in m.entries if e.name.endswith(index_k_read.FIXED_TAG + "_req")} == \
+            {index_k_read.FIXED_RESIDENT}, m.name
     # the wide entry's bound is a wave of the largest wide grid (the rows of one wave of 16 KiB blocks)
     sms, most = 132, gather_kernels.BYTES_PER_CTA // 128
     rows = most * sms * gather_kernels.CTAS_PER_SM

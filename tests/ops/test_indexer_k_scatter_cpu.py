@@ -2,6 +2,7 @@
 reference (tests/helpers/scatter_cases.py), the kernel choice, torch.library registration, and
 every bad argument (named, nothing written)."""
 import random
+import re
 
 import pytest
 import torch
@@ -57,6 +58,20 @@ def test_vector_width_follows_alignment():
         want = op.spec.vector_width(plan.k_ptr | plan.kv_ptr | op._low_bits(plan))
         assert op.launch_config(plan).entry == f"indexer_k_scatter_v{want}"
         assert want <= vec
+
+
+@pytest.mark.parametrize("block_size, head_dim, nq, slots, fixed", [
+    (64, 128, 1, torch.int64, True), (64, 128, 1, torch.int32, True),  # SGLang's default layout
+    (32, 128, 1, torch.int64, False), (64, 64, 1, torch.int64, False), (64, 128, 2, torch.int32, False)])
+def test_the_fixed_layout_takes_its_constant_size_entries(block_size, head_dim, nq, slots, fixed):
+    """Calls of spec.FIXED_LAYOUT (block size, head_dim, scale words) launch the entries built
+    with those sizes as constants (FIXED_TAG); a layout differing in any of the three the general ones."""
+    c = make_scatter_case(random.Random(4), head_dim=head_dim, nq=nq, block_size=block_size, num_blocks=2,
+                          num_tokens=3, slot_dtype=slots)
+    entry = op.launch_config(op.plan_scatter(*c.args())).entry
+    vec = int(re.fullmatch(r"indexer_k_scatter_v(\d+)(_p64k128)?(_i32)?", entry).group(1))
+    assert entry == op.spec.entry_name(vec, "i64" if slots == torch.int64 else "i32", fixed)
+    assert (op.spec.FIXED_TAG in entry) == fixed
 
 
 def _args(**over):
