@@ -30,7 +30,25 @@ the request-major tiles with and without __launch_bounds__ (40/64 registers, 16-
 in the 16-byte entries; 48/76), whatever the rule picks. Prediction for the second run: the bounded
 entries within 0.1 us of the free ones where both fit one wave, up to 0.3 us faster where only
 they do; the rule now takes request-major only where its grid fits one wave (16x2048, 4x8192,
-2x16384, 32x512 here), so "read" there is "req" and elsewhere "rows"."""
+2x16384, 32x512 here), so "read" there is "req" and elsewhere "rows".
+
+Tiles run (NOTES v35; SGLang's layout, so constant-size entries; sm_90 NVRTC 13.5 registers:
+u4 at 4 blocks 64, no spill; u8 at 3 blocks 80; u16 at 2 blocks 128): TILE_LIST="128,4,4 256,4,4
+256,8,3 512,16,2" against the shipped read (req4: 128 rows, 4 loads in flight, 4 blocks an SM)
+at 8x16384 2x16384 16x2048 4x32768. SGLang's Triton read, 0.2 us ahead at 8x16384, runs a
+program per 256 tokens of a request with 16 loads in flight a thread, about one wave. Prediction
+(before the run): t128u4 an A/A pair with read (within 0.1); at 8x16384 (1448 blocks of 128
+rows: 2.7 waves of 4 an SM) the 256- and 512-row tiles (724 and 362 blocks: 1.4-1.8 waves) within
+0.3 of read either way, a gain there only from the shorter tail; at 2x16384 and 16x2048 (grids of
+326 and 432 blocks, under one wave) the larger tiles 0.2-1 slower (163-216 blocks: SMs left
+idle); 4x32768 (the rule's wide tiles) read ahead of every request-major variant. Result (H100,
+300 shuffled runs, medians us; read / req / t128u4 / t256u4 / t256u8 / SGLang; 512-row tiles
+cannot run: the tile's page ids live in NG_THREADS slots of shared memory, so tiles are at most
+256 rows, and that arm faulted): 8x16384 20.50/20.29/20.42/21.09/20.16/19.97; 2x16384
+10.11/10.05/10.05/10.37/10.08/9.98; 16x2048 9.25/9.18/9.18/9.57/9.15/9.12; 4x32768 (read wide)
+17.57/18.37/18.18/18.37/18.14/17.34. The A/A group (read, req, t128u4: one entry) spans 0.21 at
+8x16384; t256u8 0.13-0.34 below it there, a tie elsewhere; t256u4 0.3-0.6 slower everywhere. No
+variant reaches SGLang's Triton read at 8x16384 (t256u8 0.19 behind): nothing landed."""
 import dataclasses
 import os
 import sys
@@ -95,7 +113,7 @@ def tile_variant(layout, batch: int, tpc: int, unroll: int, min_blocks: int):
     vectors only: the workloads' pointers are aligned)."""
     m = spec.MODULES[(16, *layout.types)]
     name = f"{m.name}_req_t{tpc}_u{unroll}"
-    body = f"index_k_read_by_request<16, {unroll}, {layout.types[0]}, {layout.types[1]}>"
+    body = f"index_k_read_by_request<16, {unroll}, {layout.types[0]}, {layout.types[1]}, {str(layout.fixed).lower()}>"
     module = dataclasses.replace(m, name=name, entries=(Entry(name, body, min_blocks),))
     handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
     go = handle.launcher(name, 0, layout.image)
