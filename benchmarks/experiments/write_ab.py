@@ -24,7 +24,14 @@ rows 0.06 and 0.41 faster; it landed. Run 2: 1x1000 4.83/4.86, 8x100 5.06/4.80 (
 8x100 twice, with "fixed"): fixed against generic -0.03 to +0.07 on every small row, write within
 0.05 of fixed, SGLang 0.07-0.10 ahead at 8x100 and 0.24-0.26 behind at 16x100. So on the small
 rows the prediction is refuted (no gain past the runs' noise: run 1's 0.32 at 16x100 did not
-repeat); the gain is on the large rows (NOTES v35)."""
+repeat); the gain is on the large rows (NOTES v35).
+
+Next (NARROW=64,128, written before any run): SGLang's Triton write runs a program of 128 threads
+per token (596 programs at 8x100, on every SM); ours blocks of 256 threads of 9 units a token
+(21 blocks at 8x100: 21 of 132 SMs issue every load and store). Prediction: t64 (84 blocks) and
+t128 (42) 0.05-0.15 us faster than fixed at 8x100 and 1x1000 (36 blocks), level at 16x100 (57)
+and on the large rows (within 0.1)."""
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -41,6 +48,8 @@ from nvrtc_gather.kernels import indexer_k_scatter as spec
 from nvrtc_gather.ops import indexer_k_scatter as op
 
 REPS = int(os.environ.get("REPS", 300))
+# NARROW=64,128: also the shipped fixed entry built with blocks of that many threads ("t64", ...)
+NARROW = [int(t) for t in os.environ.get("NARROW", "").split(",") if t]
 WORKLOADS = [(1, 1000), (8, 100), (16, 100), (16, 2048), (1024, 256)]
 
 
@@ -49,6 +58,17 @@ def generic(layout):
     assert all(spec.FIXED_TAG in launch.entry for launch in layout.launches.values()), "not the fixed layout"
     return layout._replace(launches={vec: launch._replace(entry=launch.entry.replace(spec.FIXED_TAG, ""))
                                      for vec, launch in layout.launches.items()}, launchers={})
+
+
+def narrow(layout, threads: int, num_tokens: int):
+    """``layout`` launching its entries from a build with blocks of ``threads`` (NG_THREADS: the
+    kernel's unit of work is a thread, so the grid grows as the blocks shrink)."""
+    launches = {}
+    for vec, launch in layout.launches.items():
+        module = dataclasses.replace(launch.module, name=f"{launch.module.name}_t{threads}", threads=threads)
+        units = num_tokens * (spec.FIXED_LAYOUT[1] // vec + spec.FIXED_LAYOUT[2])
+        launches[vec] = launch._replace(module=module, grid=min(spec.MAX_BLOCKS, -(-units // threads)))
+    return layout._replace(launches=launches, launchers={})
 
 
 def main(workloads):
@@ -70,12 +90,19 @@ def main(workloads):
         fixed_ptrs = ptrs[:3] + (bufs["fixed"].data_ptr(),)
         fns["fixed"] = lambda: op._run(layout, *fixed_ptrs)
         fns["fixed"]()
+        for threads in NARROW:  # the fixed entry in blocks of fewer threads, the grid grown to match
+            name = f"t{threads}"
+            bufs[name] = w.buf.clone()
+            lay_t = narrow(layout, threads, w.k.size(0))
+            ptrs_t = ptrs[:3] + (bufs[name].data_ptr(),)
+            fns[name] = lambda lay_t=lay_t, ptrs_t=ptrs_t: op._run(lay_t, *ptrs_t)
+            fns[name]()
         if acc:
             fns["sglang"] = lambda: acc.SetKAndS.triton(p, bufs["sglang"], w.loc, w.k, w.scale)
         else:
             hook.set_index_k_scale_buffer(bufs["sglang"], w.loc, w.k, w.scale)
         fns.get("sglang", lambda: None)()
-        for name in ("write", "generic", "fixed"):
+        for name in ("write", "generic", "fixed", *(f"t{t}" for t in NARROW)):
             check_same(name, bufs[name], bufs["sglang"], w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, REPS, order="shuffle")
