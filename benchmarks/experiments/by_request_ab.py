@@ -107,14 +107,16 @@ def by_request(layout, batch: int, bounded: bool = True, tpc: int | None = None)
     return rebuilt(out, free)
 
 
-def tile_variant(layout, batch: int, tpc: int, unroll: int, min_blocks: int):
+def tile_variant(layout, batch: int, tpc: int, unroll: int, min_blocks: int, source_dir: str | None = None,
+                 tag: str = ""):
     """``layout`` launching request-major tiles of ``tpc`` rows with ``unroll`` loads in flight a
-    thread (an entry built for it here, __launch_bounds__ of ``min_blocks`` blocks; 16-byte
-    vectors only: the workloads' pointers are aligned)."""
+    thread (an entry built for it here, __launch_bounds__ of ``min_blocks`` blocks, from
+    ``source_dir``, None: cuda_src/, its name + ``tag``; 16-byte vectors only: the workloads'
+    pointers are aligned)."""
     m = spec.MODULES[(16, *layout.types)]
-    name = f"{m.name}_req_t{tpc}_u{unroll}"
+    name = f"{m.name}_req_t{tpc}_u{unroll}{tag}"
     body = f"index_k_read_by_request<16, {unroll}, {layout.types[0]}, {layout.types[1]}, {str(layout.fixed).lower()}>"
-    module = dataclasses.replace(m, name=name, entries=(Entry(name, body, min_blocks),))
+    module = dataclasses.replace(m, name=name, source_dir=source_dir, entries=(Entry(name, body, min_blocks),))
     handle = runtime.load(module, layout.device, runtime.current_stream(layout.device))
     go = handle.launcher(name, 0, layout.image)
     return forced(layout, lambda n, max_len: (tpc, "req", spec.grid_by_request(batch, max_len, tpc)),

@@ -133,14 +133,16 @@ def main_loop(text: str) -> str:
     return text[text.index(_LOOP_START):text.index(_LOOP_END)]
 
 
-def variant_dir(loop: str | None) -> str:
-    """A copy of main's sources with tile_copy.cuh's value loop replaced by ``loop`` (None: main's),
-    the header written into the two sources that include it (NVRTC gets every header from cuda_src/)."""
+def variant_dir(loop: str | None, edit=None) -> str:
+    """A copy of main's sources with tile_copy.cuh's value loop replaced by ``loop`` (None: main's)
+    and then passed through ``edit`` (header text -> header text), the header written into the two
+    sources that include it (NVRTC gets every header from cuda_src/)."""
     out = Path(tempfile.mkdtemp())
     for f in Path(sources.source_dir()).iterdir():
         shutil.copy(f, out / f.name)
     text = sources.read_source("tile_copy.cuh")
     header = text.replace(main_loop(text), loop or main_loop(text)).replace("#pragma once\n", "")
+    header = edit(header) if edit else header
     for name in ("gather_indexer_k.cu", "index_k_read.cu"):
         src = (out / name).read_text()
         assert src.count('#include "tile_copy.cuh"\n') == 1, name

@@ -35,11 +35,8 @@ SGLang): 8x16384 20.48/20.29/20.26/20.26/20.29; 2x16384 10.08/10.11/9.98/9.98/10
 18.27/17.73; 1x131072 (wide) 17.22/17.06/-/-/18.11. t256u8 0.22 and 0.29 below read at 8x16384 and
 8x8192, 0.10 at 2x16384 and 16x2048, level with SGLang or ahead; the hint adds nothing to it. It
 became the fixed layout's "req_wide" entry for request-major grids past one wave (NOTES v35)."""
-import dataclasses
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
@@ -47,12 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import torch
 
 import engine_entries as ee
-from copy_ab import variant
-from read_vs_gather import checked, forced, layout_of, medians, rebuilt
+from by_request_ab import tile_variant
+from copy_ab import variant, variant_dir
+from read_vs_gather import checked, layout_of, medians, rebuilt
 from timing import flush_buffer, l2_bytes, time_samples
 from nvrtc_gather.integrations import sglang as hook
-from nvrtc_gather.jit import runtime, sources
-from nvrtc_gather.jit.spec import Entry
 from nvrtc_gather.kernels import index_k_read as spec
 from nvrtc_gather.ops import index_k_read
 
@@ -62,35 +58,15 @@ CLEAN = os.environ.get("CLEAN", "1") == "1"  # the _clean arms
 WORKLOADS = [(8, 16384), (1, 131072), (2, 16384), (16, 2048), (1024, 256), (8, 100)]
 
 
-def streaming_dir() -> str:
-    """A copy of the sources with tile_copy.cuh's loads as __ldcs, inlined into index_k_read.cu
-    (NVRTC takes every header from cuda_src/)."""
-    out = Path(tempfile.mkdtemp())
-    for f in Path(sources.source_dir()).iterdir():
-        shutil.copy(f, out / f.name)
-    header = sources.read_source("tile_copy.cuh").replace("#pragma once\n", "")
+def streaming(header: str) -> str:
+    """tile_copy.cuh with its three tile loads as __ldcs (copy_ab.variant_dir's edit)."""
     assert header.count("__ldg(reinterpret_cast") == 3, "tile_copy.cuh's tile loads changed"
-    header = header.replace("__ldg(reinterpret_cast", "__ldcs(reinterpret_cast")
-    src = (out / "index_k_read.cu").read_text()
-    assert src.count('#include "tile_copy.cuh"\n') == 1
-    (out / "index_k_read.cu").write_text(src.replace('#include "tile_copy.cuh"\n', header))
-    return str(out)
-
-
-def tile_arm(layout, batch: int, source_dir: str | None):
-    """``layout`` launching request-major tiles of 256 rows, 8 loads in flight a thread, 3 blocks
-    an SM (80 registers; by_request_ab's t256u8), built from ``source_dir`` (None: cuda_src/)."""
-    m = spec.MODULES[(16, *layout.types)]
-    name = f"{m.name}_req_t256u8{'_cs' if source_dir else ''}"
-    body = f"index_k_read_by_request<16, 8, {layout.types[0]}, {layout.types[1]}, {str(layout.fixed).lower()}>"
-    module = dataclasses.replace(m, name=name, source_dir=source_dir, entries=(Entry(name, body, 3),))
-    go = runtime.load(module, layout.device, runtime.current_stream(layout.device)).launcher(name, 0, layout.image)
-    return forced(layout, lambda n, max_len: (256, "req", spec.grid_by_request(batch, max_len, 256)), {(16, "req"): go})
+    return header.replace("__ldg(reinterpret_cast", "__ldcs(reinterpret_cast")
 
 
 def main(workloads):
     flush, acc, p = flush_buffer(), ee.accessor(), ee.pool()
-    cs_dir = streaming_dir()
+    cs_dir = variant_dir(None, streaming)
     cs = variant(spec.MODULES, "cs", cs_dir, {})
     clean_n = 2 * l2_bytes() // 4
     clean = lambda: flush[:clean_n].sum()  # noqa: E731  reads 2x the L2: dirty lines written back, clean ones left
@@ -102,9 +78,9 @@ def main(workloads):
         lay = rebuilt(layout_of(w), cs)
         fns["read_cs"] = lambda: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
         if TILES and batch >= 2:  # t256u8 (by_request_ab's tiles), plain and with __ldcs
-            for name, d in (("t256u8", None), ("t256u8_cs", cs_dir)):
-                fns[name] = lambda t=tile_arm(layout_of(w), batch, d): index_k_read._run(
-                    t, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            for name, d in (("t256u8", None), ("t256u8_cs", cs_dir)):  # 80 registers: 3 blocks an SM
+                t = tile_variant(layout_of(w), batch, 256, 8, 3, d, "_cs" if d else "")
+                fns[name] = lambda t=t: index_k_read._run(t, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
         fns = checked(fns, w, acc, p)  # + sglang, copy
         pre = {}
         for name in list(fns) if CLEAN else ():
