@@ -286,7 +286,8 @@ __device__ __forceinline__ void index_k_read_body(const IndexKReadParams& p) {
 
 // Request-major tiles (the host's choice for 2 to NG_THREADS requests in place of the narrow
 // row-major tiles, where their grid, sized by the engine's max_seq_len, is within 2x of the
-// row-major one: kernels/index_k_read.py launch_rule): block b works
+// row-major one: kernels/index_k_read.py launch_rule; T <= NG_THREADS, the rows s_loc holds: the
+// row-major tiles' T, or NG_THREADS with 8 loads in flight, "req_wide"): block b works
 // for request r = b % R (R = max(batch, 1)) on its positions [y*T, y*T + T), y = b / R, then
 // y + Y, y + 2Y, ... (Y = gridDim.x / R, T = tokens_per_cta), so the grid sets only how many
 // blocks share a request, never which rows are written. A block knows its request from its

@@ -24,12 +24,14 @@ INDEX_TYPES = ("i32", "i64")  # the C types of int32 / int64 lengths and page id
 
 
 # As the indexer gather's (4 or 8 loads in flight per thread; a warp a row), and the request-major
-# tiles (a block per tile of one request: index_k_read_by_request, 4 loads in flight per thread).
+# tiles (a block per tile of one request: index_k_read_by_request, 4 loads in flight per thread;
+# "req_wide", tiles of THREADS rows with 8, has a constant-size build only: FIXED_SHAPES).
 SHAPES = ("", "wide", "tiny", "req")
 _BODIES = {"": "index_k_read_body<{vec}, 4, {lt}, {pt}, {fixed}>",
            "wide": "index_k_read_body<{vec}, 8, {lt}, {pt}, {fixed}>",
            "tiny": "index_k_read_tiny<{vec}, {lt}, {pt}, {fixed}>",
-           "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}, {fixed}>"}
+           "req": "index_k_read_by_request<{vec}, 4, {lt}, {pt}, {fixed}>",
+           "req_wide": "index_k_read_by_request<{vec}, 8, {lt}, {pt}, {fixed}>"}
 # (page_size, index_head_dim, scale words a token): SGLang's default layout. The shapes of
 # FIXED_SHAPES have a second entry (FIXED_TAG in its name) compiled with these as constants
 # (fixed_layout.cuh), which calls of this layout launch: a quarter to half less code (sm_90), and
@@ -53,8 +55,8 @@ def is_fixed_layout(page_size: int, head_dim: int, scale_words: int) -> bool:
 # The request-major build needs 58-64 registers where the general one needs 48: it is bounded at
 # FIXED_RESIDENT blocks an SM, not RESIDENT (within 48 it spilled, a local load a tile before its
 # copy, and measured 0.4 us slower at 8x16384). The tiny build spills nothing where the general one does.
-FIXED_SHAPES = ("wide", "tiny", "req")
-BY_REQUEST = ("req",)
+FIXED_SHAPES = ("wide", "tiny", "req", "req_wide")
+BY_REQUEST = ("req", "req_wide")
 # Blocks of the request-major entry an SM holds at once, guaranteed by its __launch_bounds__ (48
 # registers, as ptxas chose them; bounded to 6 blocks, as the row-major entry's 40 allow, it
 # spilled and measured no faster).
@@ -70,8 +72,16 @@ WIDE_RESIDENT = gather.CTAS_PER_SM // 2
 # 300 runs): 0.15 us faster at 2x16384, 0.20 at 16x2048, 0.03 at 8x16384 (1448 blocks: 2.7
 # waves of 4 blocks an SM against 2.2 of 5).
 FIXED_RESIDENT = 4
+# The fixed layout's request-major grids past one wave of FIXED_RESIDENT blocks an SM take tiles of
+# THREADS rows with 8 loads in flight a thread ("req_wide": 68-80 registers, 3 blocks an SM, 96 KB in
+# flight an SM against 64). After other kernels leave the L2 dirty (the bench's flush; an engine's
+# layer) every line the read brings in waits for a write-back, and more bytes in flight hide it.
+# Measured against the 128-row tiles (H100, 300 runs, L2 dirty): 0.13 us faster at 8x16384, 0.35 at
+# 8x8192, 0.71 at 4x16384, within 0.1 of SGLang's Triton read on all three; with a clean L2 the
+# 128-row tiles were already 0.25-0.6 ahead of it.
+REQ_WIDE_RESIDENT = 3
 _BOUNDS = {"req": RESIDENT, "wide": WIDE_RESIDENT}  # shape -> its entry's blocks an SM
-_FIXED_BOUNDS = {**_BOUNDS, "req": FIXED_RESIDENT}  # the same, of the constant-size entries
+_FIXED_BOUNDS = {**_BOUNDS, "req": FIXED_RESIDENT, "req_wide": REQ_WIDE_RESIDENT}  # the constant-size entries
 
 
 def module_name(vec: int, lengths: str, pages: str) -> str:
@@ -129,7 +139,7 @@ def shape_rule(head_dim: int, sm_count: int):
     return rule
 
 
-def launch_rule(head_dim: int, sm_count: int, batch: int):
+def launch_rule(head_dim: int, sm_count: int, batch: int, fixed: bool = False):
     """A layout's launch as a function of a call's row count and the engine's max_seq_len:
     (rows per block, entry shape, blocks). shape_rule's tiles; request-major ones of the same
     rows (a block per tile of a request, grid_by_request) in place of its 16 KiB tiles for 2 to
@@ -139,9 +149,12 @@ def launch_rule(head_dim: int, sm_count: int, batch: int):
     (it is the engine's host int: it sizes the grid, and the kernel covers every row whatever it
     says). Not in place of the wide tiles (a grid of one wave: request-major ones measured 0.7-1
     µs slower). Measured on an H100 against the row-major tiles: 0.1-0.4 µs faster where the
-    grid fits one wave, 0.2-0.8 µs faster on grids of 1.1-2.2 waves (2-200 requests)."""
+    grid fits one wave, 0.2-0.8 µs faster on grids of 1.1-2.2 waves (2-200 requests). ``fixed`` (a
+    layout of FIXED_LAYOUT): such a grid past one wave of FIXED_RESIDENT blocks an SM takes the
+    "req_wide" tiles (THREADS rows) instead."""
     rule = shape_rule(head_dim, sm_count)
     by_request = 2 <= batch <= THREADS
+    wave = FIXED_RESIDENT * sm_count if fixed else None
 
     def launch(n: int, max_len: int) -> tuple[int, str, int]:
         tpc, shape = rule(n)
@@ -149,6 +162,8 @@ def launch_rule(head_dim: int, sm_count: int, batch: int):
         if by_request and shape == "":
             mine = grid_by_request(batch, max_len, tpc)
             if blocks <= 2 * mine and mine <= 2 * blocks + batch:
+                if wave is not None and mine > wave:
+                    return THREADS, "req_wide", grid_by_request(batch, max_len, THREADS)
                 return tpc, "req", mine
         return tpc, shape, blocks
     return launch

@@ -113,9 +113,13 @@ def run(dll, buf, seq, table, num_rows, ps, hd, nq, tpc=None, err_ptr=0, shape="
     return k, s
 
 
+# every shape's entry of any layout, and of the fixed one (its constant-size builds, "req_wide" its own)
+_SHAPE_CASES = [(s, False) for s in spec.SHAPES] + [(s, True) for s in spec.SHAPES + ("req_wide",)]
+
+
 @pytest.mark.parametrize("seed", range(24))
-@pytest.mark.parametrize("shape", spec.SHAPES)
-@pytest.mark.parametrize("fixed", [False, True], ids=["any", "fixed"])
+@pytest.mark.parametrize("shape, fixed", _SHAPE_CASES, ids=[f"{s or 'tile'}-{'fixed' if f else 'any'}"
+                                                             for s, f in _SHAPE_CASES])
 def test_emulated_read_matches_the_reference(emu, seed, shape, fixed):
     """Random calls, and calls of spec.FIXED_LAYOUT ("fixed": its constant-size entries, as the host
     launches them for it), on each shape's entry."""

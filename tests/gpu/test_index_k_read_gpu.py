@@ -53,7 +53,8 @@ def test_read_matches_the_cpu_path(shape, dtypes):
 # Request-major tiles (2 to 256 requests; the launch rule takes them in place of narrow row-major
 # ones where their grid is within 2x of the row-major one): lengths 0.5x-1.5x the mean, max_seq_len
 # as the engine passes it, above the longest length, and below it (fewer blocks a request: each
-# loops over its request's tiles). (8, 10000): a grid past one wave of resident blocks (704-1008).
+# loops over its request's tiles). (8, 10000): a grid past one wave of resident blocks (704-1008 of
+# 128 rows), which SGLang's default layout launches as its 256-row tiles ("req_wide").
 @pytest.mark.parametrize("shape", [(16, 2048), (32, 512), (64, 512), (4, 8192), (2, 30000), (8, 10000)])
 @pytest.mark.parametrize("longest_by", [1.0, 1.3, 0.6])
 @pytest.mark.parametrize("dtypes", [(torch.int64, torch.int32), (torch.int32, torch.int64)])
@@ -68,9 +69,9 @@ def test_request_major_tiles_match_the_cpu_path(shape, longest_by, dtypes):
         got = sg.get_index_k_scale_buffer(*args)
         assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    _, expected, _ = spec.launch_rule(128, sms, shape[0])(total, max_seq_len)
+    _, expected, _ = spec.launch_rule(128, sms, shape[0], True)(total, max_seq_len)
     if longest_by == 1.0 and sms >= 100:  # an engine's own max_seq_len: request-major on these rows
-        assert expected == "req", expected
+        assert expected == ("req_wide" if shape == (8, 10000) else "req"), expected
 
 
 _LAUNCHES = [((16, 2048), 3000), ((4, 8192), 12000), ((8, 10000), 15000), ((300, 40), 80), ((1, 20000), 20000)]
@@ -87,11 +88,12 @@ def test_the_read_launches_the_entry_its_launch_rule_names(shape, max_seq_len):
     args = buf.cuda(), lens.cuda(), table.cuda(), total, min(max_seq_len, table.size(1) * 64)
     (name,) = kernels_launched([lambda: sg.get_index_k_scale_buffer(*args)])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    _, expected, _ = spec.launch_rule(128, sms, shape[0])(total, args[-1])
+    _, expected, _ = spec.launch_rule(128, sms, shape[0], True)(total, args[-1])
     # SGLang's default layout: the shape's constant-size entry where it has one
     assert name == spec.entry_name(16, "i64", "i32", expected, fixed=True), name
     if sms >= 100:
-        assert (expected == "req") == (shape[0] in (16, 4, 8)), expected
+        assert (expected in spec.BY_REQUEST) == (shape[0] in (16, 4, 8)), expected
+        assert (expected == "req_wide") == (shape[0] == 8), expected  # past one wave of 4 blocks an SM
 
 
 def test_bad_values_give_zero_rows_and_debug_mode_raises(monkeypatch):

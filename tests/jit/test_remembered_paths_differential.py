@@ -579,7 +579,7 @@ def test_the_read_remembers_each_row_count_and_launches_what_the_full_checks_do(
     a = base()
     assert_remembered(fake, _read_call(a))
     layout = index_k_read._layouts.last[2]
-    launch = index_k_read.spec.launch_rule(128, 132, batch)
+    launch = index_k_read.spec.launch_rule(128, 132, batch, True)  # the layout is the fixed one
     shapes = set()
     for i, n in enumerate(counts + counts[::-7]):
         a.update(total=n, longest=min((-(-n // batch), 70, 0, n)[i % 4], a["pt"].size(1) * a["ps"]),
@@ -596,4 +596,5 @@ def test_the_read_remembers_each_row_count_and_launches_what_the_full_checks_do(
         (name, grid, block, fields), = warm[1]
         assert (name, grid, fields["tokens_per_cta"], fields["num_rows"]) == (
             index_k_read.spec.entry_name(4 if i % 97 == 1 else 16, "i32", "i32", shape, fixed=True), blocks, tpc, n)
-    assert shapes == (set(index_k_read.spec.SHAPES) if batch == 3 else {"tiny", "", "wide"}), shapes
+    # three requests: every shape, the fixed layout's 256-row request-major tiles included
+    assert shapes == (set(index_k_read.spec.SHAPES) | {"req_wide"} if batch == 3 else {"tiny", "", "wide"}), shapes

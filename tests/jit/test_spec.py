@@ -154,7 +154,8 @@ def test_an_entrys_block_count_bound_is_its_launch_bounds():
     """Entry.min_blocks is __launch_bounds__' second argument (ptxas keeps the registers to fit that
     many blocks an SM), and only the index-K read's entries that were measured with one have it:
     the request-major entry's, index_k_read.RESIDENT (the 48 registers ptxas chose for it), and its
-    constant-size build's, index_k_read.FIXED_RESIDENT (its 64 registers); the
+    constant-size build's, index_k_read.FIXED_RESIDENT (its 64 registers), and the constant-size
+    256-row one's, index_k_read.REQ_WIDE_RESIDENT (its 80); the
     wide entry's, index_k_read.WIDE_RESIDENT, one wave of the largest wide grid (the gather's own
     wide entry measured slower bounded)."""
     bounded = set()
@@ -165,9 +166,9 @@ def test_an_entrys_block_count_bound_is_its_launch_bounds():
                 f"__launch_bounds__(NG_THREADS) {e.name}("
             assert bound in text, e.name
             if e.min_blocks:
-                bounded.add((e.name.rsplit("_", 1)[-1], e.min_blocks))
+                bounded.add(("req_wide" if e.name.endswith("_req_wide") else e.name.rsplit("_", 1)[-1], e.min_blocks))
     assert bounded == {("req", index_k_read.RESIDENT), ("wide", index_k_read.WIDE_RESIDENT),
-                       ("req", index_k_read.FIXED_RESIDENT)}
+                       ("req", index_k_read.FIXED_RESIDENT), ("req_wide", index_k_read.REQ_WIDE_RESIDENT)}
     for m in index_k_read.MODULES.values():  # the request-major constant-size entry: its own bound
         assert {e.min_blocks for e in m.entries if e.name.endswith(index_k_read.FIXED_TAG + "_req")} == \
             {index_k_read.FIXED_RESIDENT}, m.name
@@ -245,3 +246,27 @@ def test_the_index_k_reads_launch_rule_takes_request_major_tiles_in_place_of_nar
             assert blocks == index_k_read.grid(rows, tpc)
     # past one wave of the request-major entry's resident blocks (5 an SM): 1448 blocks
     assert index_k_read.launch_rule(128, sms, 8)(144971, 23117)[2] > sms * index_k_read.RESIDENT
+
+
+def test_the_fixed_layouts_request_major_grids_past_one_wave_take_256_row_tiles():
+    """launch_rule(..., fixed=True) (SGLang's default layout): where the rule takes request-major
+    tiles and their grid is past one wave of FIXED_RESIDENT blocks an SM, tiles of THREADS rows
+    ("req_wide", its own grid); every other call as the general rule launches it."""
+    from nvrtc_gather.kernels import index_k_read
+    sms = 132
+    cases = {(8, 144971, 23117): "req_wide", (8, 72000, 11500): "req_wide", (3, 253609, 84537): "req_wide",
+             (4, 65536, 24052): "req_wide", (16, 30155, 3024): "req", (2, 39540, 20791): "req",
+             (4, 123875, 45465): "wide", (8, 596, 150): "tiny", (1, 65536, 65536): "", (1024, 253609, 384): "",
+             (8, 144971, 10 * 23117): ""}
+    for (batch, rows, longest), want in cases.items():
+        general = index_k_read.launch_rule(128, sms, batch)(rows, longest)
+        tpc, shape, blocks = index_k_read.launch_rule(128, sms, batch, True)(rows, longest)
+        assert shape == want, (batch, rows, longest, shape)
+        if want == "req_wide":
+            assert general[1] == "req" and general[2] > index_k_read.FIXED_RESIDENT * sms, general
+            assert (tpc, blocks) == (index_k_read.THREADS, index_k_read.grid_by_request(batch, longest, tpc))
+        else:
+            assert (tpc, shape, blocks) == general
+    # one wave exactly stays on the 128-row tiles: 4 requests of 132 tiles are 528 blocks
+    wave = index_k_read.FIXED_RESIDENT * sms
+    assert index_k_read.launch_rule(128, sms, 4, True)(4 * 132 * 128, 132 * 128)[1:] == ("req", wave)
