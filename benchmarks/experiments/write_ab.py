@@ -30,7 +30,11 @@ Next (NARROW=64,128, written before any run): SGLang's Triton write runs a progr
 per token (596 programs at 8x100, on every SM); ours blocks of 256 threads of 9 units a token
 (21 blocks at 8x100: 21 of 132 SMs issue every load and store). Prediction: t64 (84 blocks) and
 t128 (42) 0.05-0.15 us faster than fixed at 8x100 and 1x1000 (36 blocks), level at 16x100 (57)
-and on the large rows (within 0.1)."""
+and on the large rows (within 0.1). Run 4 (H100, 300 runs, medians us; fixed / t64 / t128 /
+SGLang): 1x1000 4.86/4.93/4.93/4.91, 8x100 4.83/4.83/4.86/4.74, 16x100 4.88/4.96/4.93/5.15,
+16x2048 8.16/8.19/8.22/22.50, 1024x256 31.01/31.07/30.90/156.70: refuted; narrower blocks gain
+nothing at 8x100 or 1x1000 (within 0.07 of fixed everywhere), and SGLang stays 0.09 ahead at
+8x100 (NOTES v36). The grid's width is not the write's small-row gap."""
 import dataclasses
 import os
 import sys
