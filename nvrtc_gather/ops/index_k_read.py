@@ -132,9 +132,10 @@ def _layout(plan: ReadPlan) -> ReadLayout:
     low = plan.page_stride | plan.head_dim
     widths = tuple(0 if bits & 3 else spec.vector_width(bits | low) for bits in range(16))
     image = spec.PARAMS.image(**plan.fields)
-    launch = spec.launch_rule(plan.head_dim, driver.sm_count(plan.device), plan.batch, fixed_layout(plan))
+    fixed = fixed_layout(plan)
+    launch = spec.launch_rule(plan.head_dim, driver.sm_count(plan.device), plan.batch, fixed)
     return ReadLayout(plan.device, plan.head_dim, 4 * plan.nq, plan.max_pages * plan.page_size, widths,
-                      plan.entry_types, fixed_layout(plan), launch, image, {}, {})
+                      plan.entry_types, fixed, launch, image, {}, {})
 
 
 def _launcher(layout: ReadLayout, vec: int, shape: str):
