@@ -191,8 +191,11 @@ def main(workloads):
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
         lays = {"read": layout}
-        if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less)
-            lays["generic"] = layout._replace(fixed=False, launchers={}, calls={})
+        if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less), by
+            # the general launch rule (req_wide has a constant-size entry only)
+            sm = torch.cuda.get_device_properties(layout.device).multi_processor_count
+            lays["generic"] = layout._replace(fixed=False, launch=spec.launch_rule(layout.head_dim, sm, batch),
+                                              launchers={}, calls={})
             fns["generic"] = lambda lay=lays["generic"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                            w.tokens, max(w.lens))
             if layout.launch(w.tokens, max(w.lens))[1] == "req":
