@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (the carried wheels installed: scripts/carried_wheels.sh): the steps named in STEPS, in
-# order, logs in $OUT. rule, copy, req, profile, code (its rows: CODE_ROWS), write: the A/B scripts and the Nsight call of NOTES v29-v30;
+# order, logs in $OUT. rule, copy, req, profile, code (its rows: CODE_ROWS), write, host: the A/B scripts and the Nsight call of NOTES v29-v30;
 # readgpu: the index-K read's and the write's GPU test files alone; bench: the record's run; truth: scripts/gpu_check.sh's GPU tests beside its memcheck and
 # racecheck stages; any other step: scripts/gpu_check.sh's stage of that name.
 #   STEPS="bench cli truth" [TAG=v30] [TRUTH_S=420] bash benchmarks/experiments/device_call.sh
@@ -17,6 +17,7 @@ for step in ${STEPS:-bench copy req profile}; do  # a step not named below: scri
     rule) REPS=400 python3 benchmarks/experiments/rule_ab.py 8x16384 8x8192 16x4096 4x16384 200x300 32x2048 128x512 2>&1 | tee "$OUT/rule_ab.log" ;;
     code) python3 benchmarks/experiments/code_ab.py ${CODE_ROWS:-} 2>&1 | tee "$OUT/code_ab.log" ;;
     write) python3 benchmarks/experiments/write_ab.py 2>&1 | tee "$OUT/write_ab.log" ;;
+    host) python3 benchmarks/experiments/host_breakdown.py 2>&1 | tee "$OUT/host.log" ;;
     readgpu) python3 -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-8} tests/gpu/test_index_k_read_gpu.py tests/gpu/test_sglang_triton_gpu.py tests/gpu/test_scatter_gpu.py \
                tests/gpu/test_index_extremes_gpu.py 2>&1 | tee "$OUT/readgpu.log" | tail -12 ;;
     bench) python3 benchmarks/bench.py "$OUT" --skip-first-calls --tag "${TAG:-unlabelled}" > "$OUT/bench.log" 2>&1; tail -5 "$OUT/bench.log" ;;

@@ -106,6 +106,19 @@ def raw_launches(layout, buf, lens, pages, n: int) -> dict:
     return out
 
 
+def _sliced(flat, n):
+    return flat[:n * 128].view(n, 128), flat[n * 128:].view(n, 4)
+
+
+def _strided(flat, n):
+    return flat.as_strided((n, 128), (128, 1)), flat.as_strided((n, 4), (4, 1), n * 128)
+
+
+def _split(flat, n):
+    k, s = flat.split_with_sizes((n * 128, n * 4))
+    return k.view(n, 128), s.view(n, 4)
+
+
 def calls(device: str) -> dict:
     n = BATCH * LENGTH
     buf = torch.zeros(100, 64 * 132, dtype=torch.uint8, device=device)
@@ -130,6 +143,11 @@ def calls(device: str) -> dict:
         "key and lookup": (lambda: index_k_read._layouts.get(index_k_read._key(buf, lens, pages, *sizes)), ()),
         "last-slot check": (index_k_read._layouts.last[0], (buf, lens, pages)),
         "two allocations": (lambda: (buf.new_empty(n, 128), buf.new_empty(n, 4)), ()),
+        # the same two outputs (contiguous, rows n) carved from one allocation: what a single
+        # allocation would save the read (NOTES v37)
+        "one allocation, two slices": (lambda: _sliced(buf.new_empty(n * 132), n), ()),
+        "one allocation, two as_strided": (lambda: _strided(buf.new_empty(n * 132), n), ()),
+        "one allocation, split_with_sizes": (lambda: _split(buf.new_empty(n * 132), n), ()),
         "_run (allocations, launch)": (index_k_read._run, (layout, buf, lens, pages, n, LENGTH)),
         "launcher": (lambda: go(pointers, 0, grid), ()),
     }
