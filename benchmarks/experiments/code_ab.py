@@ -69,7 +69,13 @@ within 0.04), and so the tiny and wide builds landed; req4 0.15 and 0.20 faster 
 16x2048, 0.03 at 8x16384 (also warm): kept as a patch until its GPU tests ran. Run 5 (H100, the
 package with req4 as its request-major constant-size entry; read = req4 as an A/A pair): read
 against generic 0.13/0.09/0.19 faster at 2x16384/8x16384/16x2048 (warm 0.18/0.12/0.29), SGLang
-0.03/0.20/0.00 ahead of read; the whole GPU suite passed with it, and it landed (NOTES v35)."""
+0.03/0.20/0.00 ahead of read; the whole GPU suite passed with it, and it landed (NOTES v35).
+
+Run 6 ("rmconst" on the row-major rows: that entry built with the layout's constants, 26 KB of
+sm_90 code against 34, its skip pass split into 3-4 round trips by ptxas; NOTES v37). Prediction
+(written before the run): rmconst 0.1-0.3 us faster than read at 1024x256 and 4096x64 cold, the
+two within 0.1 warm; should the split pass cost more than the smaller code saves, rmconst is
+slower at 4096x64 (16 chunks: every block past the second skips) than at 1024x256."""
 import dataclasses
 import os
 import subprocess
