@@ -75,7 +75,8 @@ Run 6 ("rmconst" on the row-major rows: that entry built with the layout's const
 sm_90 code against 34, its skip pass split into 3-4 round trips by ptxas; NOTES v37). Prediction
 (written before the run): rmconst 0.1-0.3 us faster than read at 1024x256 and 4096x64 cold, the
 two within 0.1 warm; should the split pass cost more than the smaller code saves, rmconst is
-slower at 4096x64 (16 chunks: every block past the second skips) than at 1024x256."""
+slower at 4096x64 (16 chunks: every block past the second skips) than at 1024x256. Not run yet:
+the session's device time went to failed starts."""
 import dataclasses
 import os
 import subprocess
