@@ -166,7 +166,8 @@ def test_an_entrys_block_count_bound_is_its_launch_bounds():
                 f"__launch_bounds__(NG_THREADS) {e.name}("
             assert bound in text, e.name
             if e.min_blocks:
-                bounded.add(("req_wide" if e.name.endswith("_req_wide") else e.name.rsplit("_", 1)[-1], e.min_blocks))
+                shape = e.name[len(m.name):].removeprefix(index_k_read.FIXED_TAG).lstrip("_")  # the entry's shape
+                bounded.add((shape, e.min_blocks))
     assert bounded == {("req", index_k_read.RESIDENT), ("wide", index_k_read.WIDE_RESIDENT),
                        ("req", index_k_read.FIXED_RESIDENT), ("req_wide", index_k_read.REQ_WIDE_RESIDENT)}
     for m in index_k_read.MODULES.values():  # the request-major constant-size entry: its own bound
