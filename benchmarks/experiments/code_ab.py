@@ -76,7 +76,18 @@ sm_90 code against 34, its skip pass split into 3-4 round trips by ptxas; NOTES 
 (written before the run): rmconst 0.1-0.3 us faster than read at 1024x256 and 4096x64 cold, the
 two within 0.1 warm; should the split pass cost more than the smaller code saves, rmconst is
 slower at 4096x64 (16 chunks: every block past the second skips) than at 1024x256. Not run yet:
-the session's device time went to failed starts."""
+the session's device time went to failed starts.
+Run 7 ("reqbig" arms, on rows of more than THREADS requests, which the launch rule sends to the
+row-major tiles: SGLang's Triton read is request-major there, a block of 256 positions per
+request, and ahead of ours at 1024x256 by 0.2-0.45 us in runs 6 and v37's). "reqbig": the
+shipped req_wide entry launched for them (THREADS rows a tile, grid_by_request); its lengths
+before the request are summed one chunk of THREADS a round trip past the first. "reqbig_ld": the
+same entry with those loads issued 4 chunks at a time (clamped, unconditional). "reqbig_pre": the
+first 4 chunks' loads issued beside the request's own length and first page ids (one round trip
+for up to 4 * THREADS requests). Prediction (written before the run): at 1024x256 reqbig within
+0.2 of read (3 serial L2 round trips per block before its copy, hidden in part by the other
+resident blocks), reqbig_pre 0.2-0.5 faster than read and level with SGLang; at 2048x128 and
+4096x64 every reqbig arm slower than read (grids of 2048-4096 blocks of tiles mostly empty)."""
 import dataclasses
 import os
 import subprocess
@@ -112,7 +123,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "req4", "rmconst", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "rmconst", "reqbig_pre", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -162,6 +173,57 @@ def with_entry(layout, modules: dict, shape: str, suffix: str):
 def with_req4(layout):
     """``layout`` (the fixed one) launching REQ4's request-major entry."""
     return with_entry(layout, REQ4, "req", spec.FIXED_TAG + "_req")
+
+
+# "reqbig" (run 7): the req_wide entry launched for a batch of more than THREADS requests; its
+# variants' edits of index_k_read_by_request's sum of the lengths before the request.
+BEFORE_LOOP = ("    for (u32 r = tid + NG_THREADS; r < rq; r += NG_THREADS) before = min(before + "
+               "length_of<LT, false>(p, r), cap);\n")
+GROUPED_LOOP = """    for (u32 r0 = tid + FIRST; r0 < rq; r0 += 4 * NG_THREADS) {
+        LT x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[k] = load_now<LT>(p.seq_lens, (i64)min(r0 + k * NG_THREADS, rq - 1) * p.seq_lens_stride);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (r0 + k * NG_THREADS < rq) before = min(before + checked_length(p, r0 + k * NG_THREADS, (i64)x[k]), cap);
+    }
+"""
+X0 = "    const LT x0 = (u32)tid < rq ? load_now<LT>(p.seq_lens, (i64)tid * p.seq_lens_stride) : (LT)0;\n"
+PRE_LOADS = """    LT xs[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) xs[k] = rq ? load_now<LT>(p.seq_lens, (i64)min((u32)tid + k * NG_THREADS, rq - 1) * p.seq_lens_stride) : (LT)0;
+    const LT x0 = xs[0];
+"""
+PRE_SUM = """#pragma unroll
+    for (int k = 1; k < 4; ++k)
+        if ((u32)tid + k * NG_THREADS < rq) before = min(before + checked_length(p, tid + k * NG_THREADS, (i64)xs[k]), cap);
+"""
+
+
+def reqbig_dir(pre: bool) -> str:
+    """main's index_k_read.cu with the before-sum's loads grouped (pre: the first 4 chunks' issued
+    with the request's own length)."""
+    out = Path(tempfile.mkdtemp())
+    src = sources.read_source("index_k_read.cu")
+    assert src.count(BEFORE_LOOP) == 1 and src.count(X0) == 1
+    if pre:
+        src = src.replace(X0, PRE_LOADS).replace(BEFORE_LOOP, PRE_SUM + GROUPED_LOOP.replace("FIRST", "4 * NG_THREADS"))
+    else:
+        src = src.replace(BEFORE_LOOP, GROUPED_LOOP.replace("FIRST", "NG_THREADS"))
+    (out / "index_k_read.cu").write_text(src)
+    return str(out)
+
+
+REQBIG = {"reqbig": spec.MODULES} | ({"reqbig_ld": variant(spec.MODULES, "reqbig_ld", reqbig_dir(False), {}),
+                                       "reqbig_pre": variant(spec.MODULES, "reqbig_pre", reqbig_dir(True), {})}
+                                      if os.environ.get("REQBIG", "1") == "1" else {})
+
+
+def with_reqbig(layout, modules: dict, batch: int):
+    """``layout`` (the fixed one) built from ``modules``, launching their req_wide entry for any batch."""
+    lay = with_entry(layout, modules, "req_wide", spec.FIXED_TAG + "_req_wide")
+    return forced(lay, lambda rows, max_len: (spec.THREADS, "req_wide", spec.grid_by_request(batch, max_len, spec.THREADS)),
+                  lay.launchers)
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -227,6 +289,11 @@ def main(workloads):
                 lays["rmconst"] = with_entry(layout, RMCONST, "", RMCONST_SUFFIX)
                 fns["rmconst"] = lambda lay=lays["rmconst"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                                w.tokens, max(w.lens))
+            if batch > spec.THREADS:
+                for name, modules in REQBIG.items():
+                    lays[name] = with_reqbig(layout, modules, batch)
+                    fns[name] = lambda lay=lays[name]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                         w.tokens, max(w.lens))
         for name, modules in BUILDS.items():
             lay = lays[name] = rebuilt(layout, modules)
             fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
@@ -237,7 +304,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, **REQBIG, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 
