@@ -87,7 +87,14 @@ first 4 chunks' loads issued beside the request's own length and first page ids 
 for up to 4 * THREADS requests). Prediction (written before the run): at 1024x256 reqbig within
 0.2 of read (3 serial L2 round trips per block before its copy, hidden in part by the other
 resident blocks), reqbig_pre 0.2-0.5 faster than read and level with SGLang; at 2048x128 and
-4096x64 every reqbig arm slower than read (grids of 2048-4096 blocks of tiles mostly empty)."""
+4096x64 every reqbig arm slower than read (grids of 2048-4096 blocks of tiles mostly empty).
+Result (H100, 300 runs, medians us; read / reqbig / reqbig_ld / reqbig_pre / SGLang / copy):
+1024x256 31.30/31.20/31.36/32.70/31.04/31.02; 512x512 30.94/30.67/30.80/32.02/30.51/30.72; 2048x128
+31.14/32.00/32.13/34.85/31.10/30.70; 4096x64 32.35/43.47/43.14/44.64/38.03/30.75. reqbig within 0.3
+of read where the batch is 512-1024 and 0.9-11 us slower past it; reqbig_pre 1.1-2.8 us slower than
+reqbig on every row (prediction refuted): its blocks load up to 4 chunks of lengths before the
+early exit of a tile past its request's end, every block 8 KB of L2 reads at 1024 requests, and the
+before-sum's L2 traffic grows with the square of the batch. Not landed (NOTES v38 section 3)."""
 import dataclasses
 import os
 import subprocess
