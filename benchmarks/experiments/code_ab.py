@@ -94,7 +94,14 @@ Result (H100, 300 runs, medians us; read / reqbig / reqbig_ld / reqbig_pre / SGL
 of read where the batch is 512-1024 and 0.9-11 us slower past it; reqbig_pre 1.1-2.8 us slower than
 reqbig on every row (prediction refuted): its blocks load up to 4 chunks of lengths before the
 early exit of a tile past its request's end, every block 8 KB of L2 reads at 1024 requests, and the
-before-sum's L2 traffic grows with the square of the batch. Not landed (NOTES v38 section 3)."""
+before-sum's L2 traffic grows with the square of the batch. Not landed (NOTES v38 section 3).
+Run 8 ("rmkeep", the row-major rows): the row-major entry with skip_chunks handing each thread its
+length in the chunk it found (the pass has them in registers), so the main scan does not load that
+chunk again: a block past the first chunk waits on the first chunk's lengths, the pass, the page
+ids and the copy, four round trips instead of five. Prediction (written before the run): rmkeep
+0.1-0.3 us faster than read at 1024x256, 512x512, 2048x128 and 4096x64 (each block past the first
+chunk one L2 round trip shorter; the first wave's latency is what shows), with no row slower by
+more than 0.1 (the pass keeps 8-16 more registers live across its barriers)."""
 import dataclasses
 import os
 import subprocess
@@ -130,7 +137,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "req4", "rmconst", "reqbig_pre", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -221,9 +228,9 @@ def reqbig_dir(pre: bool) -> str:
     return str(out)
 
 
-REQBIG = {"reqbig": spec.MODULES} | ({"reqbig_ld": variant(spec.MODULES, "reqbig_ld", reqbig_dir(False), {}),
-                                       "reqbig_pre": variant(spec.MODULES, "reqbig_pre", reqbig_dir(True), {})}
-                                      if os.environ.get("REQBIG", "1") == "1" else {})
+REQBIG = {"reqbig": spec.MODULES, "reqbig_ld": variant(spec.MODULES, "reqbig_ld", reqbig_dir(False), {}),
+          "reqbig_pre": variant(spec.MODULES, "reqbig_pre", reqbig_dir(True), {})} \
+    if os.environ.get("REQBIG", "1") == "1" else {}  # REQBIG=0: without them
 
 
 def with_reqbig(layout, modules: dict, batch: int):
@@ -231,6 +238,36 @@ def with_reqbig(layout, modules: dict, batch: int):
     lay = with_entry(layout, modules, "req_wide", spec.FIXED_TAG + "_req_wide")
     return forced(lay, lambda rows, max_len: (spec.THREADS, "req_wide", spec.grid_by_request(batch, max_len, spec.THREADS)),
                   lay.launchers)
+
+
+# "rmkeep" (run 8): skip_chunks hands each thread its length in the chunk it found; the scan
+# takes it in place of loading that chunk again.
+RMKEEP_EDITS = (
+    ("u32* s, u32& carry) {", "u32* s, u32& carry, u32& kept) {"),
+    ("        u32 lo[N], hi[N];\n", "        u32 lo[N], hi[N], v[N];\n"),
+    ("lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n", "lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n            v[k] = t;\n"),
+    ("        __syncthreads();\n        return found;\n",
+     "#pragma unroll\n        for (int kk = 0; kk < N; ++kk) if (kk == k) kept = v[kk];\n"
+     "        __syncthreads();\n        return found;\n"),
+    ("        u32 carry = 0;  // rows", "        u32 kept = 0, kept_at = 0xffffffffu;\n        u32 carry = 0;  // rows"),
+    ("const u32 len = c0 ? length_of<LT, false>(p, r)", "const u32 len = c0 == kept_at ? kept : c0 ? length_of<LT, false>(p, r)"),
+    ("                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);\n",
+     "                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry, kept);\n"),
+)
+
+
+def edited_dir(edits) -> str:
+    """main's index_k_read.cu with each (old, new) of ``edits`` replaced (each found once)."""
+    out = Path(tempfile.mkdtemp())
+    src = sources.read_source("index_k_read.cu")
+    for old, new in edits:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    (out / "index_k_read.cu").write_text(src)
+    return str(out)
+
+
+RMKEEP = variant(spec.MODULES, "rmkeep", edited_dir(RMKEEP_EDITS), {})
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -293,6 +330,9 @@ def main(workloads):
                 fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                          w.tokens, max(w.lens))
             if layout.launch(w.tokens, max(w.lens))[1] == "":
+                lays["rmkeep"] = rebuilt(layout, RMKEEP)
+                fns["rmkeep"] = lambda lay=lays["rmkeep"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                             w.tokens, max(w.lens))
                 lays["rmconst"] = with_entry(layout, RMCONST, "", RMCONST_SUFFIX)
                 fns["rmconst"] = lambda lay=lays["rmconst"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                                w.tokens, max(w.lens))
@@ -311,7 +351,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, **REQBIG, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, "rmkeep": RMKEEP, **REQBIG, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 
