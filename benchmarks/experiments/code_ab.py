@@ -101,7 +101,11 @@ chunk again: a block past the first chunk waits on the first chunk's lengths, th
 ids and the copy, four round trips instead of five. Prediction (written before the run): rmkeep
 0.1-0.3 us faster than read at 1024x256, 512x512, 2048x128 and 4096x64 (each block past the first
 chunk one L2 round trip shorter; the first wave's latency is what shows), with no row slower by
-more than 0.1 (the pass keeps 8-16 more registers live across its barriers)."""
+more than 0.1 (the pass keeps 8-16 more registers live across its barriers). "rmfirst": rmkeep,
+and in a batch of more than two chunks every block starts with the skip pass from chunk 0 (three
+round trips before the copy, as SGLang's Triton read). Prediction: at 1024x256, 2048x128 and
+4096x64 rmfirst 0.1-0.2 faster than rmkeep (its blocks in chunk 0 one round trip longer, the
+others one shorter), level at 512x512."""
 import dataclasses
 import os
 import subprocess
@@ -137,7 +141,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -268,6 +272,16 @@ def edited_dir(edits) -> str:
 
 
 RMKEEP = variant(spec.MODULES, "rmkeep", edited_dir(RMKEEP_EDITS), {})
+# "rmfirst" (run 8): rmkeep, and in a batch of more than two chunks (outside debug mode) every block
+# starts with the skip pass from chunk 0: three round trips before the copy (all lengths, page ids).
+RMFIRST_EDITS = RMKEEP_EDITS + (
+    ("        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n",
+     "        u32 c0 = 0;\n"
+     "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
+     "            c0 = kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc, carry, kept);\n"
+     "        for (; c0 < (u32)p.batch;) {\n"),
+)
+RMFIRST = variant(spec.MODULES, "rmfirst", edited_dir(RMFIRST_EDITS), {})
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -330,9 +344,10 @@ def main(workloads):
                 fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                          w.tokens, max(w.lens))
             if layout.launch(w.tokens, max(w.lens))[1] == "":
-                lays["rmkeep"] = rebuilt(layout, RMKEEP)
-                fns["rmkeep"] = lambda lay=lays["rmkeep"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
-                                                                             w.tokens, max(w.lens))
+                for name, modules in {"rmkeep": RMKEEP, "rmfirst": RMFIRST}.items():
+                    lays[name] = rebuilt(layout, modules)
+                    fns[name] = lambda lay=lays[name]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
+                                                                         w.tokens, max(w.lens))
                 lays["rmconst"] = with_entry(layout, RMCONST, "", RMCONST_SUFFIX)
                 fns["rmconst"] = lambda lay=lays["rmconst"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                                w.tokens, max(w.lens))
@@ -351,7 +366,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, "rmkeep": RMKEEP, **REQBIG, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, "rmkeep": RMKEEP, "rmfirst": RMFIRST, **REQBIG, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 
