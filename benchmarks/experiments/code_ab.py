@@ -105,7 +105,10 @@ more than 0.1 (the pass keeps 8-16 more registers live across its barriers). "rm
 and in a batch of more than two chunks every block starts with the skip pass from chunk 0 (three
 round trips before the copy, as SGLang's Triton read). Prediction: at 1024x256, 2048x128 and
 4096x64 rmfirst 0.1-0.2 faster than rmkeep (its blocks in chunk 0 one round trip longer, the
-others one shorter), level at 512x512."""
+others one shorter), level at 512x512. "rmfirst_smem": rmfirst with the pass's lengths kept in
+shared memory (8 KB a block with int64 lengths, 16 KB with int32), the form that could land.
+Prediction: within 0.1 of rmfirst on every row (a shared store per chunk; the extra shared memory
+does not lower the 6 blocks an SM that the row-major entry's registers allow)."""
 import dataclasses
 import os
 import subprocess
@@ -141,7 +144,7 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "lean")  # timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "rmfirst_smem", "lean")  # timed with their code warm too, where built
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -282,6 +285,27 @@ RMFIRST_EDITS = RMKEEP_EDITS + (
      "        for (; c0 < (u32)p.batch;) {\n"),
 )
 RMFIRST = variant(spec.MODULES, "rmfirst", edited_dir(RMFIRST_EDITS), {})
+# "rmfirst_smem": rmfirst with the pass's lengths kept in shared memory (each thread its own N
+# words: no barrier), not registers: the form that could land (in registers the int32-length
+# entries' pass splits, sm_90 SASS; NOTES v38 section 4).
+RMFIRST_SMEM_EDITS = (
+    ("u32* s, u32& carry) {", "u32* s, u32* keep, u32& carry, u32& kept) {"),
+    ("lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n",
+     "lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n            keep[k * NG_THREADS + threadIdx.x] = t;\n"),
+    ("        __syncthreads();\n        return found;\n",
+     "        kept = keep[k * NG_THREADS + threadIdx.x];\n        __syncthreads();\n        return found;\n"),
+    ("    __shared__ int s_win[NG_THREADS];", "    __shared__ u32 s_keep[SkipChunks<LT>::N * NG_THREADS];\n    __shared__ int s_win[NG_THREADS];"),
+    ("        u32 carry = 0;  // rows", "        u32 kept = 0, kept_at = 0xffffffffu;\n        u32 carry = 0;  // rows"),
+    ("const u32 len = c0 ? length_of<LT, false>(p, r)", "const u32 len = c0 == kept_at ? kept : c0 ? length_of<LT, false>(p, r)"),
+    ("                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);\n",
+     "                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc, s_keep, carry, kept);\n"),
+    ("        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n",
+     "        u32 c0 = 0;\n"
+     "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
+     "            c0 = kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc, s_keep, carry, kept);\n"
+     "        for (; c0 < (u32)p.batch;) {\n"),
+)
+RMFIRST_SMEM = variant(spec.MODULES, "rmfirst_smem", edited_dir(RMFIRST_SMEM_EDITS), {})
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -344,7 +368,7 @@ def main(workloads):
                 fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                          w.tokens, max(w.lens))
             if layout.launch(w.tokens, max(w.lens))[1] == "":
-                for name, modules in {"rmkeep": RMKEEP, "rmfirst": RMFIRST}.items():
+                for name, modules in {"rmkeep": RMKEEP, "rmfirst": RMFIRST, "rmfirst_smem": RMFIRST_SMEM}.items():
                     lays[name] = rebuilt(layout, modules)
                     fns[name] = lambda lay=lays[name]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                          w.tokens, max(w.lens))
@@ -366,7 +390,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, "rmkeep": RMKEEP, "rmfirst": RMFIRST, **REQBIG, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, "rmkeep": RMKEEP, "rmfirst": RMFIRST, "rmfirst_smem": RMFIRST_SMEM, **REQBIG, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 
