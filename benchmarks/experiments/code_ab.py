@@ -144,7 +144,8 @@ REPORTS = {
 # SGLang's layout as constants (page_size 64, index_head_dim 128, one scale word): valid only for it
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
-WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "rmfirst_smem", "lean")  # timed with their code warm too, where built
+# timed with their code warm too, where built
+WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "rmfirst_smem", "lean")
 
 
 def build_dir(extra: str, constants: bool) -> str:
@@ -221,48 +222,6 @@ PRE_SUM = """#pragma unroll
 """
 
 
-def reqbig_dir(pre: bool) -> str:
-    """main's index_k_read.cu with the before-sum's loads grouped (pre: the first 4 chunks' issued
-    with the request's own length)."""
-    out = Path(tempfile.mkdtemp())
-    src = sources.read_source("index_k_read.cu")
-    assert src.count(BEFORE_LOOP) == 1 and src.count(X0) == 1
-    if pre:
-        src = src.replace(X0, PRE_LOADS).replace(BEFORE_LOOP, PRE_SUM + GROUPED_LOOP.replace("FIRST", "4 * NG_THREADS"))
-    else:
-        src = src.replace(BEFORE_LOOP, GROUPED_LOOP.replace("FIRST", "NG_THREADS"))
-    (out / "index_k_read.cu").write_text(src)
-    return str(out)
-
-
-REQBIG = {"reqbig": spec.MODULES, "reqbig_ld": variant(spec.MODULES, "reqbig_ld", reqbig_dir(False), {}),
-          "reqbig_pre": variant(spec.MODULES, "reqbig_pre", reqbig_dir(True), {})} \
-    if os.environ.get("REQBIG", "1") == "1" else {}  # REQBIG=0: without them
-
-
-def with_reqbig(layout, modules: dict, batch: int):
-    """``layout`` (the fixed one) built from ``modules``, launching their req_wide entry for any batch."""
-    lay = with_entry(layout, modules, "req_wide", spec.FIXED_TAG + "_req_wide")
-    return forced(lay, lambda rows, max_len: (spec.THREADS, "req_wide", spec.grid_by_request(batch, max_len, spec.THREADS)),
-                  lay.launchers)
-
-
-# "rmkeep" (run 8): skip_chunks hands each thread its length in the chunk it found; the scan
-# takes it in place of loading that chunk again.
-RMKEEP_EDITS = (
-    ("u32* s, u32& carry) {", "u32* s, u32& carry, u32& kept) {"),
-    ("        u32 lo[N], hi[N];\n", "        u32 lo[N], hi[N], v[N];\n"),
-    ("lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n", "lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n            v[k] = t;\n"),
-    ("        __syncthreads();\n        return found;\n",
-     "#pragma unroll\n        for (int kk = 0; kk < N; ++kk) if (kk == k) kept = v[kk];\n"
-     "        __syncthreads();\n        return found;\n"),
-    ("        u32 carry = 0;  // rows", "        u32 kept = 0, kept_at = 0xffffffffu;\n        u32 carry = 0;  // rows"),
-    ("const u32 len = c0 ? length_of<LT, false>(p, r)", "const u32 len = c0 == kept_at ? kept : c0 ? length_of<LT, false>(p, r)"),
-    ("                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);\n",
-     "                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry, kept);\n"),
-)
-
-
 def edited_dir(edits) -> str:
     """main's index_k_read.cu with each (old, new) of ``edits`` replaced (each found once)."""
     out = Path(tempfile.mkdtemp())
@@ -274,38 +233,62 @@ def edited_dir(edits) -> str:
     return str(out)
 
 
-RMKEEP = variant(spec.MODULES, "rmkeep", edited_dir(RMKEEP_EDITS), {})
-# "rmfirst" (run 8): rmkeep, and in a batch of more than two chunks (outside debug mode) every block
-# starts with the skip pass from chunk 0: three round trips before the copy (all lengths, page ids).
-RMFIRST_EDITS = RMKEEP_EDITS + (
-    ("        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n",
-     "        u32 c0 = 0;\n"
-     "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
-     "            c0 = kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc, carry, kept);\n"
-     "        for (; c0 < (u32)p.batch;) {\n"),
-)
-RMFIRST = variant(spec.MODULES, "rmfirst", edited_dir(RMFIRST_EDITS), {})
-# "rmfirst_smem": rmfirst with the pass's lengths kept in shared memory (each thread its own N
-# words: no barrier), not registers: the form that could land (in registers the int32-length
-# entries' pass splits, sm_90 SASS; NOTES v38 section 4).
-RMFIRST_SMEM_EDITS = (
-    ("u32* s, u32& carry) {", "u32* s, u32* keep, u32& carry, u32& kept) {"),
-    ("lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n",
-     "lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n            keep[k * NG_THREADS + threadIdx.x] = t;\n"),
-    ("        __syncthreads();\n        return found;\n",
-     "        kept = keep[k * NG_THREADS + threadIdx.x];\n        __syncthreads();\n        return found;\n"),
-    ("    __shared__ int s_win[NG_THREADS];", "    __shared__ u32 s_keep[SkipChunks<LT>::N * NG_THREADS];\n    __shared__ int s_win[NG_THREADS];"),
-    ("        u32 carry = 0;  // rows", "        u32 kept = 0, kept_at = 0xffffffffu;\n        u32 carry = 0;  // rows"),
-    ("const u32 len = c0 ? length_of<LT, false>(p, r)", "const u32 len = c0 == kept_at ? kept : c0 ? length_of<LT, false>(p, r)"),
-    ("                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);\n",
-     "                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc, s_keep, carry, kept);\n"),
-    ("        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n",
-     "        u32 c0 = 0;\n"
-     "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
-     "            c0 = kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc, s_keep, carry, kept);\n"
-     "        for (; c0 < (u32)p.batch;) {\n"),
-)
-RMFIRST_SMEM = variant(spec.MODULES, "rmfirst_smem", edited_dir(RMFIRST_SMEM_EDITS), {})
+REQBIG = {"reqbig": spec.MODULES,
+          "reqbig_ld": variant(spec.MODULES, "reqbig_ld", edited_dir(
+              ((BEFORE_LOOP, GROUPED_LOOP.replace("FIRST", "NG_THREADS")),)), {}),
+          "reqbig_pre": variant(spec.MODULES, "reqbig_pre", edited_dir(
+              ((X0, PRE_LOADS), (BEFORE_LOOP, PRE_SUM + GROUPED_LOOP.replace("FIRST", "4 * NG_THREADS")))), {})} \
+    if os.environ.get("REQBIG", "1") == "1" else {}  # REQBIG=0: without them
+
+
+def with_reqbig(layout, modules: dict, batch: int):
+    """``layout`` (the fixed one) built from ``modules``, launching their req_wide entry for any batch."""
+    lay = with_entry(layout, modules, "req_wide", spec.FIXED_TAG + "_req_wide")
+    grid = lambda max_len: spec.grid_by_request(batch, max_len, spec.THREADS)  # noqa: E731
+    return forced(lay, lambda rows, max_len: (spec.THREADS, "req_wide", grid(max_len)), lay.launchers)
+
+
+# "rmkeep", "rmfirst", "rmfirst_smem" (run 8): skip_chunks hands each thread its length in the chunk
+# it found (``kept``, in registers or, smem, in shared memory: each thread its own N words, no
+# barrier), and the scan takes it in place of loading that chunk again; "first": in a batch of more
+# than two chunks (outside debug mode) every block starts with the pass from chunk 0.
+def kept_edits(smem: bool, first: bool) -> tuple:
+    keep = " s_keep," if smem else ""
+    edits = [
+        ("u32* s, u32& carry) {", f"u32* s,{' u32* keep,' if smem else ''} u32& carry, u32& kept) {{"),
+        ("        u32 carry = 0;  // rows",
+         "        u32 kept = 0, kept_at = 0xffffffffu;\n        u32 carry = 0;  // rows"),
+        ("const u32 len = c0 ? length_of<LT, false>(p, r)",
+         "const u32 len = c0 == kept_at ? kept : c0 ? length_of<LT, false>(p, r)"),
+        ("                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);\n",
+         f"                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc,{keep} carry, kept);\n"),
+    ]
+    if smem:
+        edits += [
+            ("lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n",
+             "lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n            keep[k * NG_THREADS + threadIdx.x] = t;\n"),
+            ("        __syncthreads();\n        return found;\n",
+             "        kept = keep[k * NG_THREADS + threadIdx.x];\n        __syncthreads();\n        return found;\n"),
+            ("    __shared__ int s_win[NG_THREADS];",
+             "    __shared__ u32 s_keep[SkipChunks<LT>::N * NG_THREADS];\n    __shared__ int s_win[NG_THREADS];")]
+    else:
+        edits += [
+            ("        u32 lo[N], hi[N];\n", "        u32 lo[N], hi[N], v[N];\n"),
+            ("lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n", "lo[k] <= 0x7fffffffu ? lo[k] : 0u;\n            v[k] = t;\n"),
+            ("        __syncthreads();\n        return found;\n",
+             "#pragma unroll\n        for (int kk = 0; kk < N; ++kk) if (kk == k) kept = v[kk];\n"
+             "        __syncthreads();\n        return found;\n")]
+    if first:
+        edits.append(("        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n",
+                      "        u32 c0 = 0;\n"
+                      "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
+                      f"            c0 = kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc,{keep} carry, kept);\n"
+                      "        for (; c0 < (u32)p.batch;) {\n"))
+    return tuple(edits)
+
+
+KEPT = {name: variant(spec.MODULES, name, edited_dir(kept_edits(smem, first)), {})
+        for name, smem, first in (("rmkeep", False, False), ("rmfirst", False, True), ("rmfirst_smem", True, True))}
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -368,7 +351,7 @@ def main(workloads):
                 fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                          w.tokens, max(w.lens))
             if layout.launch(w.tokens, max(w.lens))[1] == "":
-                for name, modules in {"rmkeep": RMKEEP, "rmfirst": RMFIRST, "rmfirst_smem": RMFIRST_SMEM}.items():
+                for name, modules in KEPT.items():
                     lays[name] = rebuilt(layout, modules)
                     fns[name] = lambda lay=lays[name]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
                                                                          w.tokens, max(w.lens))
@@ -390,7 +373,7 @@ def main(workloads):
         print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
-    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, "rmkeep": RMKEEP, "rmfirst": RMFIRST, "rmfirst_smem": RMFIRST_SMEM, **REQBIG, **BUILDS}.items():
+    for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, **KEPT, **REQBIG, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)
 
 
