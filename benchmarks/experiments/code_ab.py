@@ -75,8 +75,11 @@ Run 6 ("rmconst" on the row-major rows: that entry built with the layout's const
 sm_90 code against 34, its skip pass split into 3-4 round trips by ptxas; NOTES v37). Prediction
 (written before the run): rmconst 0.1-0.3 us faster than read at 1024x256 and 4096x64 cold, the
 two within 0.1 warm; should the split pass cost more than the smaller code saves, rmconst is
-slower at 4096x64 (16 chunks: every block past the second skips) than at 1024x256. Not run yet:
-the session's device time went to failed starts.
+slower at 4096x64 (16 chunks: every block past the second skips) than at 1024x256. Result (H100,
+300 runs, medians us; read / rmconst / SGLang / copy): 1024x256 31.57/31.42/31.14/30.54 (warm
+read 31.34, rmconst 31.18); 4096x64 32.67/33.90/38.14/30.66: 0.15 faster at 1024x256 and 1.2
+slower at 4096x64, where the split pass costs more than the smaller code saves. Not landed: one
+row-major entry serves both (NOTES v38 section 1).
 Run 7 ("reqbig" arms, on rows of more than THREADS requests, which the launch rule sends to the
 row-major tiles: SGLang's Triton read is request-major there, a block of 256 positions per
 request, and ahead of ours at 1024x256 by 0.2-0.45 us in runs 6 and v37's). "reqbig": the
@@ -148,17 +151,25 @@ ANCHOR = '#include "tile_copy.cuh"\n'
 WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "rmfirst_smem", "lean")
 
 
-def build_dir(extra: str, constants: bool) -> str:
-    """A copy of main's index_k_read.cu with ``extra`` after its includes, and with CONSTANTS."""
+def edited_dir(edits, everywhere: dict | None = None) -> str:
+    """A copy of main's index_k_read.cu with each (old, new) of ``edits`` replaced (each found
+    once), then each key of ``everywhere`` replaced by its value wherever it occurs (found at least
+    once)."""
     out = Path(tempfile.mkdtemp())
     src = sources.read_source("index_k_read.cu")
-    assert src.count(ANCHOR) == 1
-    src = src.replace(ANCHOR, ANCHOR + extra)
-    for field, value in CONSTANTS.items() if constants else ():
-        assert field in src, field
-        src = src.replace(field, value)
+    for old, new in edits:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    for old, new in (everywhere or {}).items():
+        assert old in src, old
+        src = src.replace(old, new)
     (out / "index_k_read.cu").write_text(src)
     return str(out)
+
+
+def build_dir(extra: str, constants: bool) -> str:
+    """A copy of main's index_k_read.cu with ``extra`` after its includes, and with CONSTANTS."""
+    return edited_dir(((ANCHOR, ANCHOR + extra),), CONSTANTS if constants else {})
 
 
 # "req4" (rows the read launches request-major): the request-major entry built with the fixed
@@ -220,17 +231,6 @@ PRE_SUM = """#pragma unroll
     for (int k = 1; k < 4; ++k)
         if ((u32)tid + k * NG_THREADS < rq) before = min(before + checked_length(p, tid + k * NG_THREADS, (i64)xs[k]), cap);
 """
-
-
-def edited_dir(edits) -> str:
-    """main's index_k_read.cu with each (old, new) of ``edits`` replaced (each found once)."""
-    out = Path(tempfile.mkdtemp())
-    src = sources.read_source("index_k_read.cu")
-    for old, new in edits:
-        assert src.count(old) == 1, old
-        src = src.replace(old, new)
-    (out / "index_k_read.cu").write_text(src)
-    return str(out)
 
 
 REQBIG = {"reqbig": spec.MODULES,
@@ -339,33 +339,24 @@ def main(workloads):
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
         lays = {"read": layout}
+        shape = layout.launch(w.tokens, max(w.lens))[1]
         if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less), by
             # the general launch rule (req_wide has a constant-size entry only)
             sm = torch.cuda.get_device_properties(layout.device).multi_processor_count
             lays["generic"] = layout._replace(fixed=False, launch=spec.launch_rule(layout.head_dim, sm, batch),
                                               launchers={}, calls={})
-            fns["generic"] = lambda lay=lays["generic"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
-                                                                           w.tokens, max(w.lens))
-            if layout.launch(w.tokens, max(w.lens))[1] == "req":
+            if shape == "req":
                 lays["req4"] = with_req4(layout)
-                fns["req4"] = lambda lay=lays["req4"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
-                                                                         w.tokens, max(w.lens))
-            if layout.launch(w.tokens, max(w.lens))[1] == "":
-                for name, modules in KEPT.items():
-                    lays[name] = rebuilt(layout, modules)
-                    fns[name] = lambda lay=lays[name]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
-                                                                         w.tokens, max(w.lens))
+            if shape == "":
+                lays.update({name: rebuilt(layout, modules) for name, modules in KEPT.items()})
                 lays["rmconst"] = with_entry(layout, RMCONST, "", RMCONST_SUFFIX)
-                fns["rmconst"] = lambda lay=lays["rmconst"]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
-                                                                               w.tokens, max(w.lens))
             if batch > spec.THREADS:
-                for name, modules in REQBIG.items():
-                    lays[name] = with_reqbig(layout, modules, batch)
-                    fns[name] = lambda lay=lays[name]: index_k_read._run(lay, w.buf, w.lens_t, w.block_table,
-                                                                         w.tokens, max(w.lens))
-        for name, modules in BUILDS.items():
-            lay = lays[name] = rebuilt(layout, modules)
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+                lays.update({name: with_reqbig(layout, modules, batch) for name, modules in REQBIG.items()})
+        lays.update({name: rebuilt(layout, modules) for name, modules in BUILDS.items()})
+        for name, lay in lays.items():
+            if name != "read":
+                fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens,
+                                                              max(w.lens))
         fns = checked(fns, w, acc, p)
         pre = warm_launches(w, {k: lays[k] for k in WARM if k in lays}, acc, p)
         fns.update({name: fns[name.removesuffix("_warm")] for name in pre})  # timed as itself, after its pre
