@@ -111,7 +111,11 @@ round trips before the copy, as SGLang's Triton read). Prediction: at 1024x256, 
 others one shorter), level at 512x512. "rmfirst_smem": rmfirst with the pass's lengths kept in
 shared memory (8 KB a block with int64 lengths, 16 KB with int32), the form that could land.
 Prediction: within 0.1 of rmfirst on every row (a shared store per chunk; the extra shared memory
-does not lower the 6 blocks an SM that the row-major entry's registers allow)."""
+does not lower the 6 blocks an SM that the row-major entry's registers allow). "rmfirst_only": the
+pass from chunk 0 without the kept lengths (experiments/read_first_pass.patch is this arm as it would
+land; the kept lengths split the int32 entries' pass with NVRTC 13.5: NOTES v39 section 2; the
+found chunk's lengths, loaded again, are the same block's L1 lines). Prediction: 0.1-0.3 faster
+than read at 1024x256, 2048x128 and 4096x64, within 0.1 of rmfirst, level at 512x512 (no pass)."""
 import dataclasses
 import os
 import subprocess
@@ -148,7 +152,7 @@ REPORTS = {
 CONSTANTS = {"p.head_dim": "128", "p.scale_words": "1", "p.page_size": "64"}
 ANCHOR = '#include "tile_copy.cuh"\n'
 # timed with their code warm too, where built
-WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "rmfirst_smem", "lean")
+WARM = ("read", "generic", "req4", "rmconst", "rmkeep", "rmfirst", "rmfirst_smem", "rmfirst_only", "lean")
 
 
 def edited_dir(edits, everywhere: dict | None = None) -> str:
@@ -248,20 +252,41 @@ def with_reqbig(layout, modules: dict, batch: int):
     return forced(lay, lambda rows, max_len: (spec.THREADS, "req_wide", grid(max_len)), lay.launchers)
 
 
-# "rmkeep", "rmfirst", "rmfirst_smem" (run 8): skip_chunks hands each thread its length in the chunk
-# it found (``kept``, in registers or, smem, in shared memory: each thread its own N words, no
-# barrier), and the scan takes it in place of loading that chunk again; "first": in a batch of more
-# than two chunks (outside debug mode) every block starts with the pass from chunk 0.
-def kept_edits(smem: bool, first: bool) -> tuple:
-    keep = " s_keep," if smem else ""
+# "rmkeep", "rmfirst", "rmfirst_smem", "rmfirst_only" (run 8): skip_chunks hands each thread its
+# length in the chunk it found (``kept``, in registers or, smem, in shared memory: each thread its own
+# N words, no barrier), and the scan takes it in place of loading that chunk again; "first": in a
+# batch of more than two chunks (outside debug mode) every block starts with the pass from chunk 0,
+# and the pass's second call site (after chunk 0) goes: it cannot run after the first. "rmfirst_only":
+# the first pass without the kept lengths.
+SECOND_SITE = """            // A block whose rows lie past the first chunk, in a batch of more than two: skip to its chunk
+            // (s_inc is free until the next chunk rewrites it).
+            if (c0 == NG_THREADS && !read_all && (u32)p.batch > 2 * NG_THREADS && carry <= (u32)row0)
+                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);
+"""
+FIRST_LOOP = "        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n"
+
+
+def first_pass(call: str) -> str:
+    """The loop's head with the pass from chunk 0 before it (``call``: the pass's call)."""
+    return ("        u32 c0 = 0;\n"
+            "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
+            f"            c0 = {call};\n"
+            "        for (; c0 < (u32)p.batch;) {\n")
+
+
+def kept_edits(smem: bool, first: bool, keep: bool = True) -> tuple:
+    if not keep:
+        return (SECOND_SITE, ""), (FIRST_LOOP, first_pass("skip_chunks<LT>(p, (u32)row0, 0, s_inc, carry)"))
+    keep_arg = " s_keep," if smem else ""
     edits = [
         ("u32* s, u32& carry) {", f"u32* s,{' u32* keep,' if smem else ''} u32& carry, u32& kept) {{"),
         ("        u32 carry = 0;  // rows",
          "        u32 kept = 0, kept_at = 0xffffffffu;\n        u32 carry = 0;  // rows"),
         ("const u32 len = c0 ? length_of<LT, false>(p, r)",
          "const u32 len = c0 == kept_at ? kept : c0 ? length_of<LT, false>(p, r)"),
+        (SECOND_SITE, "") if first else
         ("                c0 = skip_chunks<LT>(p, (u32)row0, c0, s_inc, carry);\n",
-         f"                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc,{keep} carry, kept);\n"),
+         f"                c0 = kept_at = skip_chunks<LT>(p, (u32)row0, c0, s_inc,{keep_arg} carry, kept);\n"),
     ]
     if smem:
         edits += [
@@ -279,16 +304,13 @@ def kept_edits(smem: bool, first: bool) -> tuple:
              "#pragma unroll\n        for (int kk = 0; kk < N; ++kk) if (kk == k) kept = v[kk];\n"
              "        __syncthreads();\n        return found;\n")]
     if first:
-        edits.append(("        for (u32 c0 = 0; c0 < (u32)p.batch;) {\n",
-                      "        u32 c0 = 0;\n"
-                      "        if (!read_all && (u32)p.batch > 2 * NG_THREADS)\n"
-                      f"            c0 = kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc,{keep} carry, kept);\n"
-                      "        for (; c0 < (u32)p.batch;) {\n"))
+        edits.append((FIRST_LOOP, first_pass(f"kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc,{keep_arg} carry, kept)")))
     return tuple(edits)
 
 
-KEPT = {name: variant(spec.MODULES, name, edited_dir(kept_edits(smem, first)), {})
-        for name, smem, first in (("rmkeep", False, False), ("rmfirst", False, True), ("rmfirst_smem", True, True))}
+KEPT = {name: variant(spec.MODULES, name, edited_dir(kept_edits(*how)), {})
+        for name, how in (("rmkeep", (False, False)), ("rmfirst", (False, True)), ("rmfirst_smem", (True, True)),
+                          ("rmfirst_only", (False, True, False)))}
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
