@@ -304,7 +304,8 @@ def kept_edits(smem: bool, first: bool, keep: bool = True) -> tuple:
              "#pragma unroll\n        for (int kk = 0; kk < N; ++kk) if (kk == k) kept = v[kk];\n"
              "        __syncthreads();\n        return found;\n")]
     if first:
-        edits.append((FIRST_LOOP, first_pass(f"kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc,{keep_arg} carry, kept)")))
+        call = f"kept_at = skip_chunks<LT>(p, (u32)row0, 0, s_inc,{keep_arg} carry, kept)"
+        edits.append((FIRST_LOOP, first_pass(call)))
     return tuple(edits)
 
 
