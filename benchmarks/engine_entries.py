@@ -55,7 +55,7 @@ class Workload(pb.Batch):
         self.moved = 2 * RECORD * self.tokens
 
     def get_args(self):
-        return self.buf, self.lens_t, self.block_table, self.tokens, max(self.lens)
+        return self.buf, self.lens_t, self.block_table, self.tokens, self.longest
 
 
 def bench(opts, reps: int, flush) -> dict:
@@ -107,7 +107,7 @@ def host_calls() -> dict:
         hook.register()
         # as SGLang's pool calls it (get_index_k_scale_buffer): the accessor class looked up, its
         # arguments at hand in locals (the caller's max_seq_len is an int it already has)
-        buf, pages, lens, n, longest = w.buf, w.block_table, w.lens_t, w.tokens, max(w.lens)
+        buf, pages, lens, n, longest = w.buf, w.block_table, w.lens_t, w.tokens, w.longest
         calls["sglang_get_hooked_us"] = (lambda: acc.GetKAndS.execute(
             p, buf, page_indices=pages, seq_len_tensor=lens, seq_len_sum=n, max_seq_len=longest), ())
         loc, k, scale = w.loc, w.k, w.scale

@@ -35,6 +35,7 @@ class Batch:
         self.name, self.batch = f"{batch}x{mean}", batch
         self.lens = ragged_lengths(rng, batch, mean)
         self.tokens = sum(self.lens)
+        self.longest = max(self.lens)  # an engine's max_seq_len: an int it already has at each call
         self.starts = [rng.randrange(0, max(1, mean)) if seq_starts else 0 for _ in range(batch)]
         self.blocks_per = [math.ceil((s + n) / BLOCK_SIZE) if n else 0 for s, n in zip(self.starts, self.lens)]
         need = sum(self.blocks_per)

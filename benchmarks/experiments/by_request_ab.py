@@ -137,9 +137,9 @@ def main(workloads):
         else:
             lays.append(("req_free", by_request(layout, batch, bounded=False)))
         for name, lay in lays:
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         got = time_samples(checked(fns, w, acc, p), flush, REPS, order=ORDER)
-        print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}, max {max(w.lens)}): " + medians(got),
+        print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}, max {w.longest}): " + medians(got),
               flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
@@ -161,7 +161,7 @@ def profile(workloads, reps: int = 5):
         want = torch.cat(fns["read"](), 1)
         layout = layout_of(w)
         rows = row_major(layout)
-        fns["rows"] = lambda: index_k_read._run(rows, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+        fns["rows"] = lambda: index_k_read._run(rows, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         for name in list(fns)[1:]:

@@ -274,9 +274,10 @@ def first_pass(call: str) -> str:
             "        for (; c0 < (u32)p.batch;) {\n")
 
 
-def kept_edits(smem: bool, first: bool, keep: bool = True) -> tuple:
-    if not keep:
-        return (SECOND_SITE, ""), (FIRST_LOOP, first_pass("skip_chunks<LT>(p, (u32)row0, 0, s_inc, carry)"))
+FIRST_ONLY = (SECOND_SITE, ""), (FIRST_LOOP, first_pass("skip_chunks<LT>(p, (u32)row0, 0, s_inc, carry)"))
+
+
+def kept_edits(smem: bool, first: bool) -> tuple:
     keep_arg = " s_keep," if smem else ""
     edits = [
         ("u32* s, u32& carry) {", f"u32* s,{' u32* keep,' if smem else ''} u32& carry, u32& kept) {{"),
@@ -309,9 +310,9 @@ def kept_edits(smem: bool, first: bool, keep: bool = True) -> tuple:
     return tuple(edits)
 
 
-KEPT = {name: variant(spec.MODULES, name, edited_dir(kept_edits(*how)), {})
-        for name, how in (("rmkeep", (False, False)), ("rmfirst", (False, True)), ("rmfirst_smem", (True, True)),
-                          ("rmfirst_only", (False, True, False)))}
+KEPT = {name: variant(spec.MODULES, name, edited_dir(edits), {})
+        for name, edits in (("rmkeep", kept_edits(False, False)), ("rmfirst", kept_edits(False, True)),
+                            ("rmfirst_smem", kept_edits(True, True)), ("rmfirst_only", FIRST_ONLY))}
 
 
 BUILDS = {name: variant(spec.MODULES, name, build_dir(*REPORTS[name]), {})
@@ -341,7 +342,7 @@ def warm_launches(w, layouts: dict, acc, p) -> dict:
     ``layouts``: the launch this call's rule picks, its entry and grid, through the same _run) or
     with one 64-long request and the rest empty (sglang_warm), run between the flush and the timed
     call."""
-    n, longest = min(64, w.tokens), max(w.lens)
+    n, longest = min(64, w.tokens), w.longest
     out = {}
     for name, layout in layouts.items():
         warm = forced(layout, lambda rows, max_len, call=layout.launch(w.tokens, longest): call, layout.launchers)
@@ -362,7 +363,7 @@ def main(workloads):
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
         lays = {"read": layout}
-        shape = layout.launch(w.tokens, max(w.lens))[1]
+        shape = layout.launch(w.tokens, w.longest)[1]
         if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less), by
             # the general launch rule (req_wide has a constant-size entry only)
             sm = torch.cuda.get_device_properties(layout.device).multi_processor_count
@@ -379,12 +380,12 @@ def main(workloads):
         for name, lay in lays.items():
             if name != "read":
                 fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens,
-                                                              max(w.lens))
+                                                              w.longest)
         fns = checked(fns, w, acc, p)
         pre = warm_launches(w, {k: lays[k] for k in WARM if k in lays}, acc, p)
         fns.update({name: fns[name.removesuffix("_warm")] for name in pre})  # timed as itself, after its pre
         got = time_samples(fns, flush, REPS, order="shuffle", pre=pre)
-        print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
+        print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
     for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, **KEPT, **REQBIG, **BUILDS}.items():

@@ -185,7 +185,7 @@ def main(workloads):
         layout = layout_of(w)
         for name, modules in reads.items():
             lay = rebuilt(layout, modules)
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         fns = checked(fns, w, acc, p)
         want = torch.cat(fns["read"](), 1)
         kv = w.buf.view(w.num_blocks, pb.BLOCK_SIZE, ee.RECORD)
@@ -200,7 +200,7 @@ def main(workloads):
             check_same(name, torch.cat((k, s), 1), want, w.name)
             fns[name] = go
         got = time_samples(fns, flush, REPS, order="shuffle")
-        print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
+        print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
     for module in (read_spec.MODULES[16, "i64", "i32"], *(m[16, "i64", "i32"] for m in reads.values()),

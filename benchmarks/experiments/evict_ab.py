@@ -76,18 +76,18 @@ def main(workloads):
         fns = {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args())}
         fns["read"]()  # its layout remembered
         lay = rebuilt(layout_of(w), cs)
-        fns["read_cs"] = lambda: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+        fns["read_cs"] = lambda: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         if TILES and batch >= 2:  # t256u8 (by_request_ab's tiles), plain and with __ldcs
             for name, d in (("t256u8", None), ("t256u8_cs", cs_dir)):  # 80 registers: 3 blocks an SM
                 t = tile_variant(layout_of(w), batch, 256, 8, 3, d, "_cs" if d else "")
-                fns[name] = lambda t=t: index_k_read._run(t, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+                fns[name] = lambda t=t: index_k_read._run(t, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         fns = checked(fns, w, acc, p)  # + sglang, copy
         pre = {}
         for name in list(fns) if CLEAN else ():
             fns[f"{name}_clean"] = fns[name]
             pre[f"{name}_clean"] = clean
         got = time_samples(fns, flush, REPS, order="shuffle", pre=pre)
-        print(f"{w.name} ({layout_of(w).launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
+        print(f"{w.name} ({layout_of(w).launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = lay = None
         torch.cuda.empty_cache()
 

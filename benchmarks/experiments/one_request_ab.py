@@ -50,9 +50,9 @@ def main(workloads):
             lays += [("req128", by_request(layout, batch, tpc=128)),
                      ("req_u8", tile_variant(layout, batch, 256, 8, 4))]
         for name, lay in lays:
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         got = time_samples(checked(fns, w, acc, p), flush, REPS, order="shuffle")
-        print(f"{w.name} (rule: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
+        print(f"{w.name} (rule: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = layout = None
         torch.cuda.empty_cache()
 

@@ -148,11 +148,11 @@ def tiles(workloads):
             name = f"read {tpc}{' wide' if shape else ''}"
             fixed = forced(layout, lambda n, m, tpc=tpc, shape=shape: (tpc, shape, -(-n // tpc)))
             fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens,
-                                                              max(w.lens))
+                                                              w.longest)
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, 200)
-        print(f"{w.name} (policy: {layout.launch(w.tokens, max(w.lens))}): " + "  ".join(
+        print(f"{w.name} (policy: {layout.launch(w.tokens, w.longest)}): " + "  ".join(
             f"{k} {statistics.median(v):.2f}" for k, v in got.items()), flush=True)
         w = None
         torch.cuda.empty_cache()

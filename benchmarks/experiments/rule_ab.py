@@ -66,10 +66,10 @@ def main(workloads):
         lays = {"rows": row_major(layout), "rows6": row_major(six), "req": by_request(layout, batch),
                 "req_rows6": by_request(six, batch)}
         for name, lay in lays.items():
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         got = time_samples(checked(fns, w, acc, p), flush, REPS, order="shuffle")
-        req_grid = spec.grid_by_request(batch, max(w.lens), layout.launch(w.tokens, max(w.lens))[0])
-        print(f"{w.name} (read: {layout.launch(w.tokens, max(w.lens))}, max {max(w.lens)}, req grid {req_grid}): "
+        req_grid = spec.grid_by_request(batch, w.longest, layout.launch(w.tokens, w.longest)[0])
+        print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}, max {w.longest}, req grid {req_grid}): "
               + medians(got), flush=True)
         w = fns = layout = six = lays = None
         torch.cuda.empty_cache()

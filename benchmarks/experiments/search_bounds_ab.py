@@ -51,7 +51,7 @@ def main(base_dir: str, workloads):
         fns = ours(w)
         want = torch.cat(fns["read"](), 1)
         old = rebuilt(layout_of(w), reads)
-        fns["read_base"] = lambda: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+        fns["read_base"] = lambda: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         for name in list(fns)[1:]:

@@ -95,9 +95,9 @@ def main(workloads):
         layout = layout_of(w)
         for name in VARIANTS:
             old = variant(layout, name)
-            fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, max(w.lens))
+            fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
         got = time_samples(checked(fns, w, acc, p), flush, 200)
-        print(f"{w.name} (rows a block, shape: {layout.launch(w.tokens, max(w.lens))}): " + medians(got), flush=True)
+        print(f"{w.name} (rows a block, shape: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = old = layout = None
         torch.cuda.empty_cache()
 
