@@ -59,12 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import torch
 
 import engine_entries as ee
-from read_vs_gather import checked, forced, layout_of, medians, ours, rebuilt
+from read_vs_gather import checked, forced, layout_of, medians, ours, read_on, rebuilt
 from timing import check_same, flush_buffer, time_samples
 from nvrtc_gather.jit import runtime
 from nvrtc_gather.jit.spec import Entry
 from nvrtc_gather.kernels import index_k_read as spec
-from nvrtc_gather.ops import index_k_read
 
 REPS, ORDER = int(os.environ.get("REPS", 200)), os.environ.get("ORDER", "rotate")  # time_samples' runs and order
 # TILES=1: request-major tiles of other sizes, TILE_LIST's "rows,loads in flight,blocks an SM" each
@@ -137,7 +136,7 @@ def main(workloads):
         else:
             lays.append(("req_free", by_request(layout, batch, bounded=False)))
         for name, lay in lays:
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+            fns[name] = read_on(lay, w)
         got = time_samples(checked(fns, w, acc, p), flush, REPS, order=ORDER)
         print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}, max {w.longest}): " + medians(got),
               flush=True)
@@ -161,7 +160,7 @@ def profile(workloads, reps: int = 5):
         want = torch.cat(fns["read"](), 1)
         layout = layout_of(w)
         rows = row_major(layout)
-        fns["rows"] = lambda: index_k_read._run(rows, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+        fns["rows"] = read_on(rows, w)
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         for name in list(fns)[1:]:

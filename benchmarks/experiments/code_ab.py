@@ -129,7 +129,7 @@ import torch
 
 import engine_entries as ee
 from copy_ab import variant
-from read_vs_gather import checked, forced, layout_of, medians, rebuilt
+from read_vs_gather import checked, forced, layout_of, medians, read_on, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.jit import compiler, runtime, sources
@@ -363,7 +363,8 @@ def main(workloads):
         fns["read"]()  # its layout remembered
         layout = layout_of(w)
         lays = {"read": layout}
-        shape = layout.launch(w.tokens, w.longest)[1]
+        rule = layout.launch(w.tokens, w.longest)
+        shape = rule[1]
         if layout.fixed:  # "generic": the same layout launching its general entries (FIXED_TAG-less), by
             # the general launch rule (req_wide has a constant-size entry only)
             sm = torch.cuda.get_device_properties(layout.device).multi_processor_count
@@ -379,14 +380,13 @@ def main(workloads):
         lays.update({name: rebuilt(layout, modules) for name, modules in BUILDS.items()})
         for name, lay in lays.items():
             if name != "read":
-                fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens,
-                                                              w.longest)
+                fns[name] = read_on(lay, w)
         fns = checked(fns, w, acc, p)
         pre = warm_launches(w, {k: lays[k] for k in WARM if k in lays}, acc, p)
         fns.update({name: fns[name.removesuffix("_warm")] for name in pre})  # timed as itself, after its pre
         got = time_samples(fns, flush, REPS, order="shuffle", pre=pre)
-        print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
-        w = fns = layout = None
+        print(f"{w.name} (read: {rule}): " + medians(got), flush=True)
+        w = fns = layout = pre = None
         torch.cuda.empty_cache()
     for name, modules in {"main": spec.MODULES, "req4": REQ4, "rmconst": RMCONST, **KEPT, **REQBIG, **BUILDS}.items():
         print(f"{name}: {code_sizes(modules[(16, 'i64', 'i32')])}", flush=True)

@@ -54,13 +54,13 @@ import torch
 
 import engine_entries as ee
 import paged_batch as pb
-from read_vs_gather import checked, layout_of, medians, rebuilt
+from read_vs_gather import checked, layout_of, medians, read_on, rebuilt
 from timing import check_same, flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.jit import driver, runtime, sources
 from nvrtc_gather.kernels import gather as gather_spec
 from nvrtc_gather.kernels import index_k_read as read_spec
-from nvrtc_gather.ops import gather, index_k_read
+from nvrtc_gather.ops import gather
 
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(16, 2048), (64, 2048), (1, 131072), (1024, 256), (4096, 64), (2, 16384), (200, 300), (1, 16384),
@@ -185,7 +185,7 @@ def main(workloads):
         layout = layout_of(w)
         for name, modules in reads.items():
             lay = rebuilt(layout, modules)
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+            fns[name] = read_on(lay, w)
         fns = checked(fns, w, acc, p)
         want = torch.cat(fns["read"](), 1)
         kv = w.buf.view(w.num_blocks, pb.BLOCK_SIZE, ee.RECORD)

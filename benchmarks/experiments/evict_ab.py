@@ -46,11 +46,10 @@ import torch
 import engine_entries as ee
 from by_request_ab import tile_variant
 from copy_ab import variant, variant_dir
-from read_vs_gather import checked, layout_of, medians, rebuilt
+from read_vs_gather import checked, layout_of, medians, read_on, rebuilt
 from timing import flush_buffer, l2_bytes, time_samples
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.kernels import index_k_read as spec
-from nvrtc_gather.ops import index_k_read
 
 REPS = int(os.environ.get("REPS", 300))
 TILES = os.environ.get("TILES") == "1"  # the t256u8 arms too (rows of 2 or more requests)
@@ -76,11 +75,11 @@ def main(workloads):
         fns = {"read": lambda: hook.get_index_k_scale_buffer(*w.get_args())}
         fns["read"]()  # its layout remembered
         lay = rebuilt(layout_of(w), cs)
-        fns["read_cs"] = lambda: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+        fns["read_cs"] = read_on(lay, w)
         if TILES and batch >= 2:  # t256u8 (by_request_ab's tiles), plain and with __ldcs
             for name, d in (("t256u8", None), ("t256u8_cs", cs_dir)):  # 80 registers: 3 blocks an SM
                 t = tile_variant(layout_of(w), batch, 256, 8, 3, d, "_cs" if d else "")
-                fns[name] = lambda t=t: index_k_read._run(t, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+                fns[name] = read_on(t, w)
         fns = checked(fns, w, acc, p)  # + sglang, copy
         pre = {}
         for name in list(fns) if CLEAN else ():

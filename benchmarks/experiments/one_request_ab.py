@@ -29,9 +29,8 @@ import torch
 
 import engine_entries as ee
 from by_request_ab import by_request, row_major, tile_rule, tile_variant
-from read_vs_gather import checked, layout_of, medians, ours
+from read_vs_gather import checked, layout_of, medians, ours, read_on
 from timing import flush_buffer, time_samples
-from nvrtc_gather.ops import index_k_read
 
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(1, 131072), (1, 65536), (1, 16384), (1, 4096), (16, 2048), (2, 16384), (64, 512), (1024, 256)]
@@ -50,7 +49,7 @@ def main(workloads):
             lays += [("req128", by_request(layout, batch, tpc=128)),
                      ("req_u8", tile_variant(layout, batch, 256, 8, 4))]
         for name, lay in lays:
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+            fns[name] = read_on(lay, w)
         got = time_samples(checked(fns, w, acc, p), flush, REPS, order="shuffle")
         print(f"{w.name} (rule: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = layout = None

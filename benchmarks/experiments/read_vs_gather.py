@@ -64,6 +64,13 @@ def layout_of(w):
     return index_k_read._layouts.get(index_k_read._key(w.buf, w.lens_t, w.block_table, 64, 128, 128))
 
 
+def read_on(layout, w):
+    """The timed call of our read on ``layout`` (a variant's: forced, rebuilt) for workload ``w``:
+    its launch alone (``_run``), with the arguments SGLang's pool passes (``w.get_args()``)."""
+    args = w.get_args()
+    return lambda: index_k_read._run(layout, *args)
+
+
 def forced(layout, launch, launchers=None):
     """``layout`` launching, on every call, what ``launch(rows, max_seq_len) -> (rows a block,
     shape, blocks)`` picks (the remembered calls cleared; ``launchers``: (vector width, shape) ->
@@ -147,8 +154,7 @@ def tiles(workloads):
         for tpc, shape in ((64, ""), (128, ""), (256, ""), (256, "wide")):
             name = f"read {tpc}{' wide' if shape else ''}"
             fixed = forced(layout, lambda n, m, tpc=tpc, shape=shape: (tpc, shape, -(-n // tpc)))
-            fns[name] = lambda fixed=fixed: index_k_read._run(fixed, w.buf, w.lens_t, w.block_table, w.tokens,
-                                                              w.longest)
+            fns[name] = read_on(fixed, w)
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
         got = time_samples(fns, flush, 200)

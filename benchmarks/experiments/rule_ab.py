@@ -42,10 +42,9 @@ import torch
 import engine_entries as ee
 from by_request_ab import by_request, row_major
 from copy_ab import variant
-from read_vs_gather import checked, layout_of, medians, ours, rebuilt
+from read_vs_gather import checked, layout_of, medians, ours, read_on, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.kernels import index_k_read as spec
-from nvrtc_gather.ops import index_k_read
 
 REPS = int(os.environ.get("REPS", 400))
 WORKLOADS = [(8, 16384), (16, 8192), (8, 8192), (16, 4096), (32, 2048), (32, 4096), (64, 1024), (128, 512),
@@ -66,10 +65,11 @@ def main(workloads):
         lays = {"rows": row_major(layout), "rows6": row_major(six), "req": by_request(layout, batch),
                 "req_rows6": by_request(six, batch)}
         for name, lay in lays.items():
-            fns[name] = lambda lay=lay: index_k_read._run(lay, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+            fns[name] = read_on(lay, w)
         got = time_samples(checked(fns, w, acc, p), flush, REPS, order="shuffle")
-        req_grid = spec.grid_by_request(batch, w.longest, layout.launch(w.tokens, w.longest)[0])
-        print(f"{w.name} (read: {layout.launch(w.tokens, w.longest)}, max {w.longest}, req grid {req_grid}): "
+        rule = layout.launch(w.tokens, w.longest)
+        req_grid = spec.grid_by_request(batch, w.longest, rule[0])
+        print(f"{w.name} (read: {rule}, max {w.longest}, req grid {req_grid}): "
               + medians(got), flush=True)
         w = fns = layout = six = lays = None
         torch.cuda.empty_cache()

@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import torch
 
 import engine_entries as ee
-from read_vs_gather import layout_of, medians, ours, rebuilt
+from read_vs_gather import layout_of, medians, ours, read_on, rebuilt
 from timing import check_same, copy_fn, flush_buffer, time_samples
 from nvrtc_gather.integrations import sglang as hook
 from nvrtc_gather.kernels import index_k_read as read_spec
 from nvrtc_gather.kernels import indexer_k_scatter as write_spec
-from nvrtc_gather.ops import index_k_read, indexer_k_scatter
+from nvrtc_gather.ops import indexer_k_scatter
 
 WORKLOADS = [(1, 1000), (8, 100), (16, 2048), (64, 2048), (1, 131072), (1024, 256), (4096, 64)]
 
@@ -51,7 +51,7 @@ def main(base_dir: str, workloads):
         fns = ours(w)
         want = torch.cat(fns["read"](), 1)
         old = rebuilt(layout_of(w), reads)
-        fns["read_base"] = lambda: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+        fns["read_base"] = read_on(old, w)
         if acc:
             fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
         for name in list(fns)[1:]:

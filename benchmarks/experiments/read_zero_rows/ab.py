@@ -25,11 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/exper
 import torch
 
 import engine_entries as ee
-from read_vs_gather import checked, layout_of, medians, ours, rebuilt
+from read_vs_gather import checked, layout_of, medians, ours, read_on, rebuilt
 from timing import flush_buffer, time_samples
 from nvrtc_gather.jit import sources
 from nvrtc_gather.kernels import index_k_read as spec
-from nvrtc_gather.ops import index_k_read
 
 WORKLOADS = [(1, 131072), (1, 16384), (16, 2048), (64, 2048), (128, 1024), (256, 512), (1024, 256), (4096, 64)]
 _ZERO_ROW = """// Output row `row` as zeros: its fp8 values in KVEC-byte vectors, then its scale words.
@@ -95,7 +94,7 @@ def main(workloads):
         layout = layout_of(w)
         for name in VARIANTS:
             old = variant(layout, name)
-            fns[name] = lambda old=old: index_k_read._run(old, w.buf, w.lens_t, w.block_table, w.tokens, w.longest)
+            fns[name] = read_on(old, w)
         got = time_samples(checked(fns, w, acc, p), flush, 200)
         print(f"{w.name} (rows a block, shape: {layout.launch(w.tokens, w.longest)}): " + medians(got), flush=True)
         w = fns = old = layout = None
