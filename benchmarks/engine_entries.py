@@ -57,6 +57,11 @@ class Workload(pb.Batch):
     def get_args(self):
         return self.buf, self.lens_t, self.block_table, self.tokens, self.longest
 
+    def sglang_read(self, acc, p):
+        """The timed call of SGLang's own Triton read (accessor module ``acc``, pool ``p``) on this
+        workload, with the arguments in the order its ``GetKAndS.triton`` takes them."""
+        return lambda: acc.GetKAndS.triton(p, self.buf, self.block_table, self.lens_t, self.tokens, self.longest)
+
 
 def bench(opts, reps: int, flush) -> dict:
     acc, p = accessor(), pool()
@@ -69,8 +74,8 @@ def bench(opts, reps: int, flush) -> dict:
             if kind == "read":
                 ops = {"op": lambda: hook.get_index_k_scale_buffer(*w.get_args())}
                 if acc:
-                    ops["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
-                want = acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:]) if acc else \
+                    ops["sglang"] = w.sglang_read(acc, p)
+                want = ops["sglang"]() if acc else \
                     hook.get_index_k_scale_buffer(*(t.cpu() if isinstance(t, torch.Tensor) else t for t in w.get_args()))
                 check_same("op", torch.cat(ops["op"](), 1), torch.cat(want, 1).cuda(), w.name)
             else:

@@ -162,7 +162,7 @@ def profile(workloads, reps: int = 5):
         rows = row_major(layout)
         fns["rows"] = read_on(rows, w)
         if acc:
-            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+            fns["sglang"] = w.sglang_read(acc, p)
         for name in list(fns)[1:]:
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         torch.cuda.synchronize()

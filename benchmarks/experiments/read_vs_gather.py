@@ -100,7 +100,7 @@ def checked(fns: dict, w, acc, p) -> dict:
     it imports (``acc``, its pool ``p``), every function's bytes checked equal to the first's, and
     a copy of the same bytes added last: the set the scripts time."""
     if acc:
-        fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+        fns["sglang"] = w.sglang_read(acc, p)
     first, *rest = fns
     want = torch.cat(fns[first](), 1)
     for name in rest:
@@ -178,7 +178,7 @@ def rotate(workloads, copies: int = 8) -> None:
         sets = [ours(w) for w in ws]
         if acc:
             for w, fns in zip(ws, sets):
-                fns["sglang"] = lambda w=w: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+                fns["sglang"] = w.sglang_read(acc, p)
         want = torch.cat(sets[0]["read"](), 1)
         for name in list(sets[0])[1:]:
             check_same(name, torch.cat(sets[0][name](), 1), want, ws[0].name)

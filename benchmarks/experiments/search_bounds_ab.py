@@ -53,7 +53,7 @@ def main(base_dir: str, workloads):
         old = rebuilt(layout_of(w), reads)
         fns["read_base"] = read_on(old, w)
         if acc:
-            fns["sglang"] = lambda: acc.GetKAndS.triton(p, w.buf, w.block_table, w.lens_t, *w.get_args()[3:])
+            fns["sglang"] = w.sglang_read(acc, p)
         for name in list(fns)[1:]:
             check_same(name, torch.cat(fns[name](), 1), want, w.name)
         fns["copy"] = copy_fn(w.moved)
